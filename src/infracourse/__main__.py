@@ -1,0 +1,3 @@
+from infracourse.cli import app
+
+app()

@@ -1,0 +1,73 @@
+"""The one comparison helper: learner output against a reference, with tolerances per dtype.
+
+The reference is computed in float64 on a private copy of the inputs. Tolerances are tight enough that
+doing the arithmetic in a lower precision than the dtype asks for fails: fp32 work done in fp16 misses
+the fp32 bound by orders of magnitude. NaN and inf must appear at the same positions as the reference's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from infracourse.guard import LabCheckFailed
+
+# (rtol, atol) per output dtype, for elementwise ops whose reference is exact in float64.
+TOLERANCES = {
+    "torch.float64": (1e-10, 1e-12),
+    "torch.float32": (1e-5, 1e-6),
+    "torch.float16": (1e-2, 1e-3),
+    "torch.bfloat16": (2e-2, 1e-2),
+}
+
+
+def tolerance(dtype: Any) -> tuple[float, float]:
+    try:
+        return TOLERANCES[str(dtype)]
+    except KeyError:
+        raise ValueError(f"no tolerance defined for {dtype}") from None
+
+
+def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
+                 what: str = "output") -> None:
+    """Fail with a teaching message when `actual` differs from `expected` beyond the dtype's tolerance.
+
+    `expected` may be float64; the comparison is made in float64 and the bounds come from actual's dtype.
+    """
+    import torch
+
+    default_rtol, default_atol = tolerance(actual.dtype)
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise LabCheckFailed(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        where = torch.nonzero(nan_a != nan_e)[0].tolist()
+        raise LabCheckFailed(f"{what}: NaN at different positions than the reference, first at index {where} "
+                             f"(yours {a[tuple(where)].item()}, reference {e[tuple(where)].item()})")
+    inf_a, inf_e = torch.isinf(a), torch.isinf(e)
+    if not torch.equal(inf_a, inf_e) or not torch.equal(a[inf_a], e[inf_e]):
+        where = torch.nonzero((inf_a != inf_e) | (inf_a & (a != e)))[0].tolist()
+        raise LabCheckFailed(f"{what}: infinities differ from the reference, first at index {where}")
+    finite = ~(nan_a | inf_a)
+    err = (a - e).abs()
+    bound = atol + rtol * e.abs()
+    bad = (err > bound) & finite
+    if bad.any():
+        idx = tuple(torch.nonzero(bad)[0].tolist())
+        raise LabCheckFailed(
+            f"{what}: {int(bad.sum())} of {a.numel()} elements out of tolerance (rtol={rtol:g}, atol={atol:g} for "
+            f"{actual.dtype}); first at index {list(idx)}: yours {a[idx].item():.6g}, reference {e[idx].item():.6g}, "
+            f"max abs error {err[finite].max().item():.3g}")
+
+
+def relative_error(actual: Any, expected: Any) -> float:
+    """||actual - expected|| / ||expected|| in float64 (0 when both are zero)."""
+    import torch
+
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    denominator = torch.linalg.vector_norm(e).item()
+    numerator = torch.linalg.vector_norm(a - e).item()
+    return numerator / denominator if denominator else numerator

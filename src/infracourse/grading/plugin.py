@@ -1,0 +1,179 @@
+"""pytest plugin that turns grader tests into course checks.
+
+Loaded by the runner (`-p infracourse.grading.plugin`) in a subprocess. Settings come from command-line
+options only, all set by the runner:
+  --infracourse-lab      lab.yaml of the week being graded (check ids, needs, requires)
+  --infracourse-learner  folder holding the snapshot of the learner's files
+  --infracourse-events   JSON-lines file: a `start` line before and a `result` line after every check
+  --infracourse-skip     comma-separated check ids already settled by an earlier process of this grade
+A grader test names its check with `@pytest.mark.check("id")`; the fixtures below give it the learner's
+code, the hardware, the calibrated ceilings and `record` for measured figures.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+from infracourse.guard import LabCheckFailed
+from infracourse.syllabus import load_lab
+
+CHECK_KEY = pytest.StashKey[str]()
+BLOCKED_PREFIX = "infracourse-blocked: "
+# Errors after which the CUDA context is unusable: the runner restarts a fresh process for the rest.
+FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure")
+
+
+class LearnerImportError(Exception):
+    """The learner's file does not import; every check that needs it is an error naming the file."""
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("infracourse")
+    group.addoption("--infracourse-lab", help="lab.yaml of the week being graded")
+    group.addoption("--infracourse-learner", help="folder with the snapshot of the learner's files")
+    group.addoption("--infracourse-events", help="JSON-lines events file written as checks start and end")
+    group.addoption("--infracourse-skip", default="", help="check ids already settled, comma-separated")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "check(id): the course check this test decides (an id from lab.yaml)")
+    lab_path = config.getoption("--infracourse-lab")
+    if not lab_path:
+        return
+    config._infracourse = _Session(config)
+    config.pluginmanager.register(config._infracourse, "infracourse-session")
+
+
+class _Session:
+    def __init__(self, config):
+        self.lab = load_lab(Path(config.getoption("--infracourse-lab")))
+        self.learner_dir = Path(config.getoption("--infracourse-learner")).resolve()
+        self.events = Path(config.getoption("--infracourse-events"))
+        self.skip = {s for s in config.getoption("--infracourse-skip").split(",") if s}
+        self.statuses: dict[str, str] = {}
+        self.figures: dict[str, dict] = {}
+        sys.path.insert(0, str(self.learner_dir))
+
+    def emit(self, **event) -> None:
+        with self.events.open("a") as fh:  # one line per event, flushed: survives a crash of this process
+            fh.write(json.dumps(event, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config, items):
+        known = {c.id: c for c in self.lab.checks}
+        keep, deselected = [], []
+        for item in items:
+            marker = item.get_closest_marker("check")
+            if marker is None or not marker.args or marker.args[0] not in known:
+                name = marker.args[0] if marker and marker.args else None
+                raise pytest.UsageError(f"{item.nodeid}: grader test names check {name!r}, which lab.yaml does not "
+                                        f"define (known: {sorted(known)})")
+            item.stash[CHECK_KEY] = marker.args[0]
+            (deselected if marker.args[0] in self.skip else keep).append(item)
+        # checks that need others' results in this run (performance after correctness) go last
+        keep.sort(key=lambda it: bool(known[it.stash[CHECK_KEY]].requires))
+        items[:] = keep
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+
+    def pytest_runtest_setup(self, item):
+        check = self.lab.check(item.stash[CHECK_KEY])
+        self.emit(event="start", check=check.id, t=time.time())
+        from infracourse.grading.fixtures import current_hardware
+
+        reason = current_hardware().missing(check.needs)
+        if reason:
+            pytest.skip(BLOCKED_PREFIX + reason)
+        unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
+        if unmet:
+            states = ", ".join(f"{r}: {self.statuses.get(r, 'not run')}" for r in unmet)
+            pytest.fail(f"no credit yet: {', '.join(unmet)} must pass in the same run first ({states})",
+                        pytrace=False)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        check_id = item.stash.get(CHECK_KEY, None)
+        if check_id is None or item.stash.get(_DONE, False):
+            return
+        if call.when == "setup" and report.passed:
+            return
+        if call.when == "teardown" and not report.failed:
+            return
+        status, message, fatal = classify(call, report, self.learner_dir)
+        item.stash[_DONE] = True
+        self.statuses[check_id] = status
+        figures = getattr(item, "_infracourse_figures", {})
+        self.emit(event="result", check=check_id, status=status, message=message, figures=figures, t=time.time(),
+                  duration=report.duration)
+        if fatal:
+            os._exit(3)  # the device is unusable after this; the runner goes on in a fresh process
+
+
+_DONE = pytest.StashKey[bool]()
+
+
+def classify(call, report, learner_dir: Path) -> tuple[str, str, bool]:
+    """Map a pytest phase outcome to (status, message, fatal)."""
+    if report.skipped:
+        reason = str(call.excinfo.value) if call.excinfo else ""
+        if BLOCKED_PREFIX in reason:
+            return "blocked", reason.split(BLOCKED_PREFIX, 1)[1], False
+        return "error", f"the grader skipped this check unexpectedly: {reason}", False
+    if report.passed:
+        return "passed", "", False
+    exc = call.excinfo.value if call.excinfo else None
+    if isinstance(exc, LearnerImportError):
+        return "error", str(exc), False
+    if isinstance(exc, NotImplementedError):
+        return "failed", f"not written yet: {exc}{_learner_frame(call, learner_dir)}", False
+    if isinstance(exc, (AssertionError, pytest.fail.Exception)):
+        text = str(exc) if isinstance(exc, LabCheckFailed) or not str(exc).startswith("assert") else _short(call)
+        return "failed", text.strip(), False
+    text = f"{type(exc).__name__}: {exc}"
+    fatal = any(m in text for m in FATAL_MARKERS)
+    if type(exc).__name__ == "OutOfMemoryError":
+        text = f"ran out of device memory: {exc}"
+    where = _learner_frame(call, learner_dir)
+    return "error", f"raised {text.strip()[:600]}{where}", fatal
+
+
+def _short(call) -> str:
+    return str(call.excinfo.getrepr(style="short", chain=False))[-800:]
+
+
+def _learner_frame(call, learner_dir: Path) -> str:
+    """' (at file.py:LINE)' for the innermost frame in the learner's files, if any."""
+    for frame in reversed(traceback.extract_tb(call.excinfo.tb)):
+        if Path(frame.filename).resolve().parent == learner_dir:
+            return f" (at {Path(frame.filename).name}:{frame.lineno}: {frame.line})"
+    return ""
+
+
+def import_learner_module(name: str, learner_dir: Path):
+    """Import the learner's module from the snapshot; a failure names the file and what to fix."""
+    path = learner_dir / f"{name}.py"
+    if not path.exists():
+        raise LearnerImportError(f"{path.name} is missing from your week folder: restore it with "
+                                 "`infracourse reset` or create it")
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # any failure at import time is the learner's to fix
+        tb = traceback.extract_tb(exc.__traceback__)
+        line = next((f" line {f.lineno}" for f in reversed(tb) if Path(f.filename).name == path.name), "")
+        detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, SyntaxError) else \
+            f"SyntaxError: {exc.msg} (line {exc.lineno})"
+        raise LearnerImportError(f"{path.name} does not import ({detail}{line}); fix it and grade again") from None
+
+
+pytest_plugins = ["infracourse.grading.fixtures"]

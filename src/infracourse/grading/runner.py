@@ -1,0 +1,168 @@
+"""Runs a week's graders on a snapshot of the learner's files, in a subprocess, failing closed.
+
+The grader process writes a `start` and a `result` event per check. This side watches the events: a
+check that overruns its timeout gets its process group killed; a process that dies (segfault, SIGKILL by
+the OOM killer, a CUDA error that poisons the context) leaves its running check as `error` with what
+happened, and grading goes on in a fresh process for the checks not yet settled. Every check in lab.yaml
+ends with a status; one the graders never reported is an `error`, never a pass.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from infracourse import __version__
+from infracourse.course import Course
+from infracourse.grading.results import CheckResult, GradeResult
+from infracourse.hardware import Hardware, detect
+
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".backup-*", ".grade", ".ipynb_checkpoints")
+POLL_S = 0.05
+
+EventHandler = Callable[[dict], None]
+
+
+def _signal_name(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        meaning = {"SIGSEGV": "segmentation fault", "SIGKILL": "killed, often by the out-of-memory killer",
+                   "SIGABRT": "aborted", "SIGBUS": "bus error", "SIGFPE": "arithmetic error"}.get(name, "")
+        return f"{name} ({meaning})" if meaning else name
+    if returncode == 3:
+        return "a CUDA error that leaves the device unusable (the rest ran in a fresh process)"
+    return f"exit code {returncode}"
+
+
+def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Hardware | None = None,
+          on_event: EventHandler | None = None, timeout_scale: float = 1.0) -> GradeResult:
+    """Grade the learner files in `files_dir` for one week. Never raises for learner faults."""
+    lab = course.lab(week_ref)
+    hardware = hardware or detect()
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
+    t0 = time.perf_counter()
+    settled: dict[str, CheckResult] = {}
+    with tempfile.TemporaryDirectory(prefix=f"infracourse-{lab.spec.week}-") as tmp:
+        work = Path(tmp)
+        snapshot = work / "learner"
+        shutil.copytree(files_dir, snapshot, ignore=IGNORED)
+        (work / "pytest.ini").write_text("[pytest]\n")  # keeps the project's own pytest settings out
+        env = _grader_env(hardware, files_dir)
+        log_tail = ""
+        for _attempt in range(len(lab.spec.checks) + 1):
+            pending = [c for c in lab.spec.checks if c.id not in settled]
+            if not pending:
+                break
+            events = work / f"events-{_attempt}.jsonl"
+            newly, log_tail = _run_once(lab, snapshot, events, work, env, set(settled), hardware,
+                                        on_event, timeout_scale)
+            settled.update(newly)
+            if not newly:
+                break  # the process settled nothing: a grader or collection error; stop retrying
+        for check in lab.spec.checks:
+            if check.id not in settled:
+                settled[check.id] = _result(check, "error", "the grader produced no result for this check "
+                                            f"(grader output, last lines:\n{_tail(log_tail)})")
+    return GradeResult(week=lab.spec.week, tier=hardware.tier, device=hardware.device_name,
+                       fingerprint=hardware.fingerprint(), started_at=started_at,
+                       seconds=time.perf_counter() - t0, checks=[settled[c.id] for c in lab.spec.checks],
+                       grader_version=__version__)
+
+
+def _grader_env(hardware: Hardware, files_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("INFRACOURSE_SEED", str(random.SystemRandom().randrange(2**31)))
+    env["INFRACOURSE_ARTIFACTS"] = str(files_dir.resolve() / ".grade")  # plots the report links to
+    if hardware.gpu_count == 0:
+        env["TRITON_INTERPRET"] = "1"  # Triton kernels run on the CPU through the interpreter
+    return env
+
+
+def _result(check, status: str, message: str, figures: dict | None = None, seconds: float = 0.0) -> CheckResult:
+    return CheckResult(id=check.id, title=check.title, kind=check.kind, needs=check.needs, status=status,
+                       message=message, figures=figures or {}, seconds=seconds)
+
+
+def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, skip: set[str], hardware: Hardware,
+              on_event: EventHandler | None, timeout_scale: float) -> tuple[dict[str, CheckResult], str]:
+    command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
+               "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
+               "-q", "--no-header", "-p", "no:cacheprovider",
+               "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-learner", str(snapshot),
+               "--infracourse-events", str(events), "--infracourse-skip", ",".join(sorted(skip))]
+    log_path = events.with_suffix(".log")
+    events.touch()
+    newly: dict[str, CheckResult] = {}
+    running: tuple[str, float] | None = None
+    offset = 0
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            while True:
+                done = proc.poll() is not None
+                with events.open() as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+                complete_lines = chunk[: chunk.rfind("\n") + 1]
+                offset += len(complete_lines)
+                for line in complete_lines.splitlines():
+                    event = json.loads(line)
+                    check = lab.spec.check(event["check"])
+                    if event["event"] == "start":
+                        running = (check.id, time.monotonic())
+                    else:
+                        newly[check.id] = _result(check, event["status"], event["message"], event["figures"],
+                                                  event.get("duration", 0.0))
+                        running = None
+                    if on_event:
+                        on_event(event)
+                if done:
+                    break
+                if running:
+                    check = lab.spec.check(running[0])
+                    limit = check.timeout_s * timeout_scale
+                    if time.monotonic() - running[1] > limit:
+                        _kill(proc)
+                        newly[check.id] = _result(check, "error", f"took longer than {limit:.0f} s and was stopped: "
+                                                  "an infinite loop, a deadlock, or work far too slow for this check")
+                        if on_event:
+                            on_event({"event": "result", "check": check.id, "status": "error"})
+                        running = None
+                        break
+                time.sleep(POLL_S)
+        except BaseException:
+            _kill(proc)  # Ctrl-C: never leave a grader running behind the learner's back
+            raise
+        proc.wait()
+    if running and running[0] not in newly:
+        check = lab.spec.check(running[0])
+        newly[check.id] = _result(check, "error", f"the grading process died during this check: "
+                                  f"{_signal_name(proc.returncode)}; the other checks went on")
+        if on_event:
+            on_event({"event": "result", "check": check.id, "status": "error"})
+    return newly, log_path.read_text(errors="replace")
+
+
+def _tail(log: str, lines: int = 12) -> str:
+    return "\n".join(log.strip().splitlines()[-lines:]) or "none"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

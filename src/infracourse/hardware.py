@@ -1,0 +1,186 @@
+"""The one place that knows the hardware: tier, device fingerprint, and calibrated ceilings.
+
+Performance targets are fractions of ceilings measured on the learner's own device (copy bandwidth,
+matmul throughput per dtype), so one lab is fair on an H200, an A100 and a laptop GPU. Ceilings are
+measured once per device and cached under the user's cache folder, keyed by the device fingerprint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Hardware:
+    tier: str  # "cpu", "cuda" or "multi-gpu"
+    gpu_count: int
+    gpu_name: str | None
+    gpu_memory_gib: float | None
+    sm_count: int | None
+    l2_bytes: int | None
+    cuda: str | None
+    driver: str | None
+    python: str
+    torch: str | None
+    triton: str | None
+    cpu: str
+    cpu_count: int
+
+    def satisfies(self, need: str) -> bool:
+        if need == "cpu":
+            return True
+        if need == "cuda":
+            return self.gpu_count >= 1
+        if need.startswith("multi-gpu:"):
+            return self.gpu_count >= int(need.split(":", 1)[1])
+        raise ValueError(f"unknown hardware need {need!r}")
+
+    def missing(self, need: str) -> str:
+        """Why a check with this need is blocked here ('' when it can run)."""
+        if self.satisfies(need):
+            return ""
+        if need == "cuda":
+            return "needs a CUDA GPU; this machine has none (tier cpu)"
+        n = need.split(":", 1)[1]
+        return f"needs {n} CUDA GPUs; this machine has {self.gpu_count}"
+
+    @property
+    def device_name(self) -> str:
+        return self.gpu_name or f"cpu ({self.cpu})"
+
+    def fingerprint(self) -> str:
+        """Stable id of this device + software stack: calibration is cached under it."""
+        key = json.dumps([self.gpu_name, self.gpu_count, self.gpu_memory_gib, self.driver, self.cuda,
+                          self.torch, self.cpu, self.cpu_count], sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"fingerprint": self.fingerprint()}
+
+
+def _module_version(name: str) -> str | None:
+    try:
+        module = __import__(name)
+    except Exception:  # a broken install is reported as missing, not raised
+        return None
+    return getattr(module, "__version__", "unknown")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    for word in text.split():
+        if word.count(".") >= 1 and word.replace(".", "").isdigit():
+            return word
+    return None
+
+
+def detect() -> Hardware:
+    """Inspect this machine. Imports torch (about a second), nothing is cached."""
+    torch_version = _module_version("torch")
+    gpu_count, name, mem, sms, l2, cuda = 0, None, None, None, None, None
+    if torch_version:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu_count = torch.cuda.device_count()
+            props = torch.cuda.get_device_properties(0)
+            name, mem, sms = props.name, round(props.total_memory / 2**30, 1), props.multi_processor_count
+            l2 = getattr(props, "L2_cache_size", None)
+            cuda = torch.version.cuda
+    tier = "cpu" if gpu_count == 0 else ("cuda" if gpu_count == 1 else "multi-gpu")
+    return Hardware(
+        tier=tier, gpu_count=gpu_count, gpu_name=name, gpu_memory_gib=mem, sm_count=sms, l2_bytes=l2,
+        cuda=cuda, driver=_driver_version() if gpu_count else None,
+        python=sys.version.split()[0], torch=torch_version, triton=_module_version("triton"),
+        cpu=_cpu_model(), cpu_count=os.cpu_count() or 1,
+    )
+
+
+# ---------------------------------------------------------------- calibration
+@dataclass
+class Ceilings:
+    """Rates measured on this device: what 100 % means for its performance checks."""
+
+    device: str
+    copy_gbps: float  # device-to-device copy, bytes read + written per second / 1e9
+    matmul_tflops: dict[str, float] = field(default_factory=dict)  # dtype name -> TFLOP/s at a large square size
+    measured_at: str = ""
+    seconds: float = 0.0
+    version: int = CALIBRATION_VERSION
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("INFRACOURSE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "infracourse")
+    return Path(base)
+
+
+def calibration_path(hw: Hardware) -> Path:
+    return cache_dir() / "calibration" / f"{hw.fingerprint()}.json"
+
+
+def cached_ceilings(hw: Hardware) -> Ceilings | None:
+    try:
+        data = json.loads(calibration_path(hw).read_text())
+        ceilings = Ceilings(**data)
+    except (OSError, ValueError, TypeError):
+        return None  # missing or from an older format: measure again
+    return ceilings if ceilings.version == CALIBRATION_VERSION else None
+
+
+def calibrate(hw: Hardware, *, force: bool = False) -> Ceilings:
+    """Measure copy bandwidth and matmul throughput on GPU 0 (cached per device fingerprint)."""
+    if not force and (cached := cached_ceilings(hw)) is not None:
+        return cached
+    if hw.gpu_count == 0:
+        raise RuntimeError("calibration needs a CUDA GPU: CPU timings never stand in for GPU ceilings")
+    import time
+
+    import torch
+
+    from infracourse import bench
+
+    start = time.perf_counter()
+    n = 1 << 28  # 1 GiB of fp32 each way: far larger than any L2
+    src = torch.empty(n, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    copy = bench.measure(lambda: dst.copy_(src), warmup=3, reps=20, flush_l2=False)
+    copy_gbps = 2 * n * 4 / copy.median_s / 1e9
+    del src, dst
+    rates = {}
+    for name, dtype, size in (("float32", torch.float32, 4096), ("tf32", torch.float32, 8192),
+                              ("float16", torch.float16, 8192), ("bfloat16", torch.bfloat16, 8192)):
+        a = torch.randn(size, size, device="cuda", dtype=dtype)
+        b = torch.randn(size, size, device="cuda", dtype=dtype)
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        t = bench.measure(lambda: a @ b, warmup=2, reps=10, flush_l2=False)
+        rates[name] = 2 * size**3 / t.median_s / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ceilings = Ceilings(device=hw.device_name, copy_gbps=copy_gbps, matmul_tflops=rates,
+                        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=time.perf_counter() - start)
+    path = calibration_path(hw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(ceilings), indent=1))
+    tmp.replace(path)  # atomic: a killed calibration never leaves half a file
+    return ceilings

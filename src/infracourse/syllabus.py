@@ -1,0 +1,192 @@
+"""The course's two kinds of definition file, as pydantic models, and their loaders.
+
+`curriculum/syllabus.yaml` lists the 24 weeks; each `labs/weekNN-<slug>/lab.yaml` describes one lab.
+Both carry `format_version`; every field is documented here, and `infracourse syllabus --schema` prints
+the JSON Schema so an editor can validate the YAML while an author types.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+FORMAT_VERSION = 1
+WEEK_ID = re.compile(r"^week(0[1-9]|1[0-9]|2[0-4])$")
+
+
+class CourseFileError(Exception):
+    """A course file is missing or malformed; the message names the file, the entry and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- syllabus.yaml
+class Reading(_Strict):
+    title: str = Field(description="What to read, as its authors title it.")
+    url: str = Field(description="Where the official document or paper lives.")
+
+
+class Criterion(_Strict):
+    """One acceptance criterion (验收) of the syllabus block, and the checks that enforce it."""
+
+    text: str = Field(description="The criterion in our own words.")
+    checks: list[str] = Field(
+        default_factory=list,
+        description="Check ids (from the lab's lab.yaml) that enforce it; empty while the lab is planned.",
+    )
+
+
+class Week(_Strict):
+    id: str = Field(description="weekNN, 01..24.")
+    phase: str = Field(description="The syllabus block, e.g. 'Weeks 7-10: device programming'.")
+    title: str
+    objectives: list[str] = Field(min_length=1)
+    readings: list[Reading] = Field(default_factory=list)
+    hours: float = Field(gt=0, description="Estimated hours of work (the syllabus suggests 8-12 a week).")
+    lab: str = Field(description="Folder under labs/ holding this week's lab, or 'planned' while unbuilt.")
+    acceptance: list[Criterion] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _week_id(cls, value: str) -> str:
+        if not WEEK_ID.match(value):
+            raise ValueError(f"{value!r} is not weekNN with NN from 01 to 24")
+        return value
+
+    @property
+    def number(self) -> int:
+        return int(self.id[4:])
+
+    @property
+    def planned(self) -> bool:
+        return self.lab == "planned"
+
+
+class Syllabus(_Strict):
+    format_version: Literal[1] = Field(description="Bumped when a field changes meaning.")
+    title: str
+    weeks: list[Week]
+
+    @model_validator(mode="after")
+    def _weeks_in_order(self) -> "Syllabus":
+        ids = [w.id for w in self.weeks]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"week ids repeat: {sorted(i for i in ids if ids.count(i) > 1)}")
+        if ids != sorted(ids):
+            raise ValueError("weeks must be listed in order, week01 first")
+        return self
+
+    def week(self, ref: str | int) -> Week:
+        """Find a week by 'week07', '7', 'w7' or 7."""
+        wanted = normalise_week(ref)
+        for week in self.weeks:
+            if week.id == wanted:
+                return week
+        raise KeyError(f"no {wanted} in the syllabus (it has {self.weeks[0].id}..{self.weeks[-1].id})")
+
+
+def normalise_week(ref: str | int) -> str:
+    text = str(ref).strip().lower()
+    match = re.fullmatch(r"(?:week|w)?0*(\d{1,2})", text)
+    if not match or not 1 <= int(match.group(1)) <= 24:
+        raise KeyError(f"{ref!r} is not a week: use week07, 7 or w7 (weeks 1 to 24)")
+    return f"week{int(match.group(1)):02d}"
+
+
+# ---------------------------------------------------------------- lab.yaml
+Need = str  # "cpu", "cuda" or "multi-gpu:N"
+
+
+class Check(_Strict):
+    """One graded check. Its id is the pytest marker `@pytest.mark.check("<id>")` in graders/weekNN."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    title: str = Field(description="One line a learner reads in the results table.")
+    needs: Need = Field(default="cpu", description="'cpu', 'cuda' or 'multi-gpu:N': hardware the check needs.")
+    kind: Literal["correctness", "performance", "report"] = "correctness"
+    timeout_s: float = Field(default=120, gt=0, description="Wall-clock limit for this check alone.")
+    threshold: float | None = Field(
+        default=None, description="Target the check compares with (fraction of a ceiling, ratio, ...)."
+    )
+    requires: list[str] = Field(
+        default_factory=list,
+        description="Checks that must pass in the same run first (performance credit needs correctness).",
+    )
+
+    @field_validator("needs")
+    @classmethod
+    def _known_need(cls, value: str) -> str:
+        if value not in ("cpu", "cuda") and not re.fullmatch(r"multi-gpu:[2-9]", value):
+            raise ValueError(f"needs {value!r}: use 'cpu', 'cuda' or 'multi-gpu:N' (N from 2 to 9)")
+        return value
+
+
+class Lab(_Strict):
+    format_version: Literal[1]
+    week: str
+    title: str
+    files: list[str] = Field(min_length=1, description="Files the learner edits; starter/ and solution/ hold each.")
+    read: list[str] = Field(default_factory=lambda: ["README.md"], description="What to read first.")
+    hints: list[str] = Field(min_length=1, description="Progressive hints, gentlest first.")
+    checks: list[Check] = Field(min_length=1)
+    report: str | None = Field(default=None, description="The report file among `files`, if the lab asks for one.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Lab":
+        ids = [c.id for c in self.checks]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"check ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+        for check in self.checks:
+            unknown = set(check.requires) - set(ids)
+            if unknown:
+                raise ValueError(f"check {check.id!r} requires unknown checks {sorted(unknown)}")
+        if self.report is not None and self.report not in self.files:
+            raise ValueError(f"report {self.report!r} must also be listed in files")
+        return self
+
+    def check(self, check_id: str) -> Check:
+        for check in self.checks:
+            if check.id == check_id:
+                return check
+        raise KeyError(check_id)
+
+
+# ---------------------------------------------------------------- loading
+def _read_yaml(path: Path) -> object:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CourseFileError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise CourseFileError(f"{path}: not valid YAML ({exc}); fix the indentation or quoting there") from None
+
+
+def _explain(path: Path, exc: ValidationError) -> CourseFileError:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return CourseFileError(f"{path}: {len(lines)} problem(s); fix each entry named:\n" + "\n".join(lines))
+
+
+def load_syllabus(path: Path) -> Syllabus:
+    try:
+        return Syllabus.model_validate(_read_yaml(path))
+    except ValidationError as exc:
+        raise _explain(path, exc) from None
+
+
+def load_lab(path: Path) -> Lab:
+    try:
+        return Lab.model_validate(_read_yaml(path))
+    except ValidationError as exc:
+        raise _explain(path, exc) from None
+
+
+def json_schema() -> dict:
+    return {"syllabus.yaml": Syllabus.model_json_schema(), "lab.yaml": Lab.model_json_schema()}

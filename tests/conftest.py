@@ -1,0 +1,58 @@
+"""Shared helpers for the engine's tests and for every lab's proof of its grader."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infracourse.course import Course
+from infracourse.grading.report import stamp_environment
+from infracourse.grading.runner import grade
+from infracourse.hardware import detect
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def course() -> Course:
+    return Course(REPO)
+
+
+@pytest.fixture(scope="session")
+def machine():
+    return detect()
+
+
+@pytest.fixture
+def grade_lab(course, machine, tmp_path):
+    """grade_lab(week, source="solution"|"starter", edits={file: new_text or fn(old_text) -> new_text}).
+
+    Copies the lab's starter or solution into a fresh folder, stamps report.md with this machine's
+    environment (a report is machine-specific), applies the edits, grades, and returns
+    (GradeResult, {check_id: CheckResult}).
+    """
+    def _grade(week, source="solution", edits=None, stamp=True):
+        lab = course.lab(week)
+        folder = tmp_path / f"{lab.spec.week}-{source}"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(getattr(lab, source), folder)
+        if stamp and lab.spec.report and (folder / lab.spec.report).exists():
+            stamp_environment(folder / lab.spec.report, machine)
+        for name, change in (edits or {}).items():
+            path = folder / name
+            new = change(path.read_text()) if callable(change) else change
+            path.write_text(new)
+        result = grade(course, week, folder, hardware=machine)
+        return result, {c.id: c for c in result.checks}
+
+    return _grade
+
+
+def replace_once(old: str, new: str):
+    """An edit for grade_lab that fails loudly if the solution no longer contains `old`."""
+    def _edit(text: str) -> str:
+        assert text.count(old) == 1, f"expected exactly one {old!r} in the solution"
+        return text.replace(old, new)
+
+    return _edit

@@ -1,0 +1,54 @@
+"""Week 7 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+import pytest
+
+from conftest import replace_once
+
+pytestmark = pytest.mark.slow
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    result, checks = grade_lab("week07")
+    assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
+    for check in checks.values():
+        expected = "passed" if machine.satisfies(check.needs) else "blocked"
+        assert check.status == expected, (check.id, check.message)
+    if not machine.gpu_count:
+        assert "needs a CUDA GPU" in checks["add-bandwidth"].message
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week07", source="starter", stamp=False)
+    assert not result.complete
+    assert checks["add-correct"].status == "failed"
+    assert "write _add_kernel" in checks["add-correct"].message
+    assert checks["report"].status == "failed"
+
+
+VARIANTS = {
+    # a load and a store without a mask: the last block runs past the end
+    "missing mask": ("masks", replace_once(
+        "    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)\n"
+        "    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)\n"
+        "    tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty), mask=mask)",
+        "    x = tl.load(x_ptr + offsets).to(tl.float32)\n"
+        "    y = tl.load(y_ptr + offsets).to(tl.float32)\n"
+        "    tl.store(out_ptr + offsets, (x + y).to(out_ptr.dtype.element_ty))")),
+    # partial sums kept in fp16
+    "fp16 accumulator": ("reduce-accuracy", replace_once(
+        "other=0.0).to(tl.float32)", "other=0.0).to(tl.float16)")),
+    # the answer computed by torch, a kernel launched for show
+    "calls torch.sum": ("kernel-did-work", replace_once(
+        "        if partial.numel() == 1:\n            return partial.view(())",
+        "        if partial.numel() == 1:\n            return x.float().sum() if n > 1 else partial.view(())")),
+    # grid rounds down: the tail block is never launched
+    "skips the tail block": ("add-correct", replace_once(
+        "(triton.cdiv(n, ADD_BLOCK),)", "(max(n // ADD_BLOCK, 1),)")),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, edit = VARIANTS[name]
+    result, checks = grade_lab("week07", edits={"vector_ops.py": edit})
+    assert checks[check_id].status == "failed", (name, checks[check_id].status, checks[check_id].message)
+    assert not result.complete
