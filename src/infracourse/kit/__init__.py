@@ -1,0 +1,1 @@
+"""Course components shared by labs and graders: nothing here is downloaded."""
