@@ -136,7 +136,7 @@ def classify(call, report, learner_dir: Path) -> tuple[str, str, bool]:
     if isinstance(exc, LearnerImportError):
         return "error", str(exc), False
     if isinstance(exc, NotImplementedError):
-        return "failed", f"not written yet: {exc}{_learner_frame(call, learner_dir)}", False
+        return "failed", f"not written yet: {exc}", False
     if isinstance(exc, (AssertionError, pytest.fail.Exception)):
         text = str(exc) if isinstance(exc, LabCheckFailed) or not str(exc).startswith("assert") else _short(call)
         return "failed", text.strip(), False

@@ -67,7 +67,7 @@ def check_report(path: Path, hardware: Hardware, *, required: dict[str, tuple[st
         raise LabCheckFailed(f"{path.name} lacks the section(s) {missing}: keep the template's '## ' headings")
     empty = [s for s in SECTIONS if len(found[s]) < 20 or PLACEHOLDER.search(found[s])]
     if empty:
-        raise LabCheckFailed(f"{path.name}: fill in {empty} (each needs real content, no TODO or '...' left)")
+        raise LabCheckFailed(f"{path.name}: fill in {empty} (each needs real content, with no TODO left)")
     env = found["Environment"]
     for label, value in (("torch", hardware.torch), ("device", hardware.device_name)):
         if value and value not in env:

@@ -1,0 +1,124 @@
+"""The learner's workspace: where it is, unlocking weeks (copying starters), and resetting them.
+
+Layout: `<root>/.infracourse/config.yaml` and `progress.db`; each unlocked week in `<root>/weekNN/`.
+Commands find the workspace like git finds a repository: `--workspace`, then INFRACOURSE_WORKSPACE, then the
+current folder and its parents.
+"""
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from infracourse import __version__
+from infracourse.course import Course, LabDir
+from infracourse.progress import Progress
+from infracourse.syllabus import Week
+
+MARKER = ".infracourse"
+HANDOUT = "README.md"
+
+
+class WorkspaceError(Exception):
+    """No usable workspace; the message says how to make or find one."""
+
+
+@dataclass
+class UnlockReport:
+    week: Week
+    folder: Path | None
+    copied: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # the learner's changed files, left as they are
+    newly_unlocked: bool = True
+
+
+class Workspace:
+    def __init__(self, root: Path):
+        self.root = root.resolve()
+        self.meta = self.root / MARKER
+        if not (self.meta / "config.yaml").is_file():
+            raise WorkspaceError(f"{self.root} is not an infracourse workspace: run `infracourse init {self.root}`")
+        self.progress = Progress(self.meta / "progress.db")
+
+    @classmethod
+    def init(cls, root: Path) -> "Workspace":
+        """Create (or reopen) a workspace; an existing one keeps its progress."""
+        meta = root / MARKER
+        meta.mkdir(parents=True, exist_ok=True)
+        config = meta / "config.yaml"
+        if not config.exists():
+            config.write_text(yaml.safe_dump({"format_version": 1, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                              "created_by": f"infracourse {__version__}"}))
+        return cls(root)
+
+    @classmethod
+    def find(cls, explicit: Path | None = None, start: Path | None = None) -> "Workspace":
+        if explicit is None and os.environ.get("INFRACOURSE_WORKSPACE"):
+            explicit = Path(os.environ["INFRACOURSE_WORKSPACE"])
+        if explicit is not None:
+            return cls(explicit)
+        here = (start or Path.cwd()).resolve()
+        for folder in (here, *here.parents):
+            if (folder / MARKER / "config.yaml").is_file():
+                return cls(folder)
+        raise WorkspaceError(f"no infracourse workspace in {here} or above it: run `infracourse init DIR`, then work "
+                             "inside DIR (or pass --workspace DIR, or set INFRACOURSE_WORKSPACE)")
+
+    def week_dir(self, week: Week) -> Path:
+        return self.root / week.id
+
+    # ------------------------------------------------------------ unlocking
+    def unlock(self, course: Course, week: Week) -> UnlockReport:
+        """Open a week: copy its starter files and handout, never overwriting a file the learner changed."""
+        newly = self.progress.unlock(week.id)
+        if week.planned:
+            return UnlockReport(week=week, folder=None, newly_unlocked=newly)
+        lab = course.lab(week)
+        folder = self.week_dir(week)
+        report = UnlockReport(week=week, folder=folder, newly_unlocked=newly)
+        for source, name in _lab_files(lab):
+            target = folder / name
+            if target.exists() and not filecmp.cmp(source, target, shallow=False):
+                report.kept.append(name)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                shutil.copy2(source, target)
+                report.copied.append(name)
+        return report
+
+    def next_week(self, course: Course) -> Week | None:
+        """The first week in syllabus order not yet unlocked (None when all are)."""
+        unlocked = self.progress.unlocked()
+        return next((w for w in course.syllabus.weeks if w.id not in unlocked), None)
+
+    def reset(self, course: Course, week: Week) -> Path | None:
+        """Put the starter files back; the learner's versions go to weekNN/.backup-<timestamp>/ first."""
+        lab = course.lab(week)
+        folder = self.week_dir(week)
+        backup = folder / f".backup-{time.strftime('%Y%m%d-%H%M%S')}"
+        saved = False
+        for source, name in _lab_files(lab):
+            target = folder / name
+            if target.exists() and not filecmp.cmp(source, target, shallow=False):
+                (backup / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(target, backup / name)
+                saved = True
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+        self.progress.unlock(week.id)
+        return backup if saved else None
+
+
+def _lab_files(lab: LabDir) -> list[tuple[Path, str]]:
+    """(source, name in the week folder) for every starter file, and the handout."""
+    files = [(p, str(p.relative_to(lab.starter))) for p in sorted(lab.starter.rglob("*")) if p.is_file()
+             and "__pycache__" not in p.parts]
+    if not (lab.starter / HANDOUT).exists() and (lab.path / HANDOUT).exists():
+        files.append((lab.path / HANDOUT, HANDOUT))
+    return files
