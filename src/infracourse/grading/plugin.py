@@ -5,7 +5,8 @@ options only, all set by the runner:
   --infracourse-lab      lab.yaml of the week being graded (check ids, needs, requires)
   --infracourse-learner  folder holding the snapshot of the learner's files
   --infracourse-events   JSON-lines file: a `start` line before and a `result` line after every check
-  --infracourse-skip     comma-separated check ids already settled by an earlier process of this grade
+  --infracourse-settled  id=status pairs, comma-separated, of checks an earlier process of this grade settled
+                         (they are not run again; their statuses still count for `requires`)
 A grader test names its check with `@pytest.mark.check("id")`; the fixtures below give it the learner's
 code, the hardware, the calibrated ceilings and `record` for measured figures.
 """
@@ -39,7 +40,7 @@ def pytest_addoption(parser):
     group.addoption("--infracourse-lab", help="lab.yaml of the week being graded")
     group.addoption("--infracourse-learner", help="folder with the snapshot of the learner's files")
     group.addoption("--infracourse-events", help="JSON-lines events file written as checks start and end")
-    group.addoption("--infracourse-skip", default="", help="check ids already settled, comma-separated")
+    group.addoption("--infracourse-settled", default="", help="id=status pairs already settled, comma-separated")
 
 
 def pytest_configure(config):
@@ -56,8 +57,9 @@ class _Session:
         self.lab = load_lab(Path(config.getoption("--infracourse-lab")))
         self.learner_dir = Path(config.getoption("--infracourse-learner")).resolve()
         self.events = Path(config.getoption("--infracourse-events"))
-        self.skip = {s for s in config.getoption("--infracourse-skip").split(",") if s}
-        self.statuses: dict[str, str] = {}
+        pairs = [p.split("=", 1) for p in config.getoption("--infracourse-settled").split(",") if p]
+        self.statuses: dict[str, str] = dict(pairs)
+        self.skip = set(self.statuses)
         self.figures: dict[str, dict] = {}
         sys.path.insert(0, str(self.learner_dir))
 

@@ -65,8 +65,7 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
             if not pending:
                 break
             events = work / f"events-{_attempt}.jsonl"
-            newly, log_tail = _run_once(lab, snapshot, events, work, env, set(settled), hardware,
-                                        on_event, timeout_scale)
+            newly, log_tail = _run_once(lab, snapshot, events, work, env, settled, on_event, timeout_scale)
             settled.update(newly)
             if not newly:
                 break  # the process settled nothing: a grader or collection error; stop retrying
@@ -95,13 +94,14 @@ def _result(check, status: str, message: str, figures: dict | None = None, secon
                        message=message, figures=figures or {}, seconds=seconds)
 
 
-def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, skip: set[str], hardware: Hardware,
+def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, settled: dict[str, CheckResult],
               on_event: EventHandler | None, timeout_scale: float) -> tuple[dict[str, CheckResult], str]:
     command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
                "-q", "--no-header", "-p", "no:cacheprovider",
                "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-learner", str(snapshot),
-               "--infracourse-events", str(events), "--infracourse-skip", ",".join(sorted(skip))]
+               "--infracourse-events", str(events),
+               "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items())]
     log_path = events.with_suffix(".log")
     events.touch()
     newly: dict[str, CheckResult] = {}
