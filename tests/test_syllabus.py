@@ -1,0 +1,103 @@
+"""Course files load into validated models; malformed ones fail naming the file, the entry and the fix."""
+import json
+from pathlib import Path
+
+import pytest
+
+from infracourse.course import Course
+from infracourse.syllabus import CourseFileError, json_schema, load_lab, load_syllabus, normalise_week
+
+from conftest import REPO
+
+
+def test_real_syllabus_has_24_weeks_in_order_with_known_checks(course):
+    weeks = course.syllabus.weeks
+    assert [w.id for w in weeks] == [f"week{i:02d}" for i in range(1, 25)]
+    for week in weeks:
+        assert week.objectives and week.hours > 0
+        if week.planned:
+            continue
+        ids = {c.id for c in course.lab(week).spec.checks}
+        named = {c for a in week.acceptance for c in a.checks}
+        assert named and named <= ids, (week.id, named - ids)
+
+
+@pytest.mark.parametrize("ref", ["week07", "7", "w7", "W07", 7])
+def test_week_references(ref):
+    assert normalise_week(ref) == "week07"
+
+
+@pytest.mark.parametrize("ref", ["week25", "0", "seven", ""])
+def test_bad_week_references(ref):
+    with pytest.raises(KeyError, match="not a week"):
+        normalise_week(ref)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "syllabus.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    path = _write(tmp_path, "format_version: 1\nweeks: [\n")
+    with pytest.raises(CourseFileError, match=r"syllabus.yaml: not valid YAML"):
+        load_syllabus(path)
+
+
+def test_bad_entry_is_named(tmp_path):
+    path = _write(tmp_path, """format_version: 1
+title: t
+weeks:
+  - {id: week01, phase: p, title: a, objectives: [o], hours: 8, lab: planned}
+  - {id: week2, phase: p, title: b, objectives: [], hours: 8, lab: planned, colour: red}
+""")
+    with pytest.raises(CourseFileError) as info:
+        load_syllabus(path)
+    text = str(info.value)
+    assert "syllabus.yaml" in text
+    assert "weeks.1.id" in text and "weekNN" in text
+    assert "weeks.1.objectives" in text
+    assert "weeks.1.colour" in text  # unknown keys are refused, not ignored
+
+
+def test_weeks_out_of_order_are_refused(tmp_path):
+    path = _write(tmp_path, """format_version: 1
+title: t
+weeks:
+  - {id: week02, phase: p, title: a, objectives: [o], hours: 8, lab: planned}
+  - {id: week01, phase: p, title: b, objectives: [o], hours: 8, lab: planned}
+""")
+    with pytest.raises(CourseFileError, match="in order"):
+        load_syllabus(path)
+
+
+def test_lab_yaml_requires_known_requirements_and_hints(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text("""format_version: 1
+week: week01
+title: t
+files: [a.py]
+hints: []
+checks:
+  - {id: perf, title: p, requires: [correct], needs: tpu}
+""")
+    with pytest.raises(CourseFileError) as info:
+        load_lab(path)
+    text = str(info.value)
+    assert "hints" in text and "needs" in text and "'cpu', 'cuda' or 'multi-gpu:N'" in text
+
+
+def test_missing_lab_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "curriculum").mkdir()
+    (tmp_path / "curriculum" / "syllabus.yaml").write_text(
+        "format_version: 1\ntitle: t\nweeks:\n  - {id: week01, phase: p, title: a, objectives: [o], hours: 8, "
+        "lab: week01-gone}\n")
+    with pytest.raises(CourseFileError, match=r"week01-gone/lab.yaml: file not found"):
+        Course(tmp_path).lab("week01")
+
+
+def test_schema_covers_both_files():
+    schema = json_schema()
+    assert set(schema) == {"syllabus.yaml", "lab.yaml"}
+    assert "weeks" in json.dumps(schema["syllabus.yaml"])
