@@ -25,11 +25,12 @@ def test_broken_course_is_reported_with_fixes(tmp_path):
     (lab / "solution" / "__pycache__" / "probe.cpython-311.pyc").write_bytes(b"x")
     (lab / "solution" / "extra.py").write_text("")
     shutil.copy(lab / "solution" / "probe.py", lab / "starter" / "probe.py")  # starter already solved
-    grader = root / "graders" / "week01" / "test_probe.py"
-    grader.write_text(grader.read_text().replace('check("survives")', 'check("survive")'))
     problems = "\n".join(check_course(Course(root)))
     assert "stray files" in problems
     assert "only in solution" in problems and "'extra.py'" in problems
+    assert "the untouched starter completes the week" in problems
+    grader = root / "graders" / "week01" / "test_probe.py"
+    grader.write_text(grader.read_text().replace('check("survives")', 'check("survive")'))
+    problems = "\n".join(check_course(Course(root), grade=False))
     assert "no grader test for checks ['survives']" in problems
     assert "checks ['survive'] that lab.yaml does not define" in problems
-    assert "the untouched starter completes the week" in problems
