@@ -39,8 +39,9 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
     atol = default_atol if atol is None else atol
     if tuple(actual.shape) != tuple(expected.shape):
         raise LabCheckFailed(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
+    # float64 on the output's own device: a GPU compares a 2^26-element output in milliseconds, not seconds
+    a = actual.detach().to(torch.float64)
+    e = expected.detach().to(a.device, torch.float64)
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
     if not torch.equal(nan_a, nan_e):
         where = torch.nonzero(nan_a != nan_e)[0].tolist()
@@ -66,8 +67,8 @@ def relative_error(actual: Any, expected: Any) -> float:
     """||actual - expected|| / ||expected|| in float64 (0 when both are zero)."""
     import torch
 
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
+    a = actual.detach().to(torch.float64)
+    e = expected.detach().to(a.device, torch.float64)
     denominator = torch.linalg.vector_norm(e).item()
     numerator = torch.linalg.vector_norm(a - e).item()
     return numerator / denominator if denominator else numerator
