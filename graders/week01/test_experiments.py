@@ -1,0 +1,119 @@
+"""Week 1 experiments: latency and throughput under concurrency, Python overhead against a vectorised call,
+and the raw data behind every summary."""
+import csv
+import random
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from infracourse import bench
+from infracourse.guard import LabCheckFailed
+from infracourse.kit.workloads import Steady
+
+
+@pytest.fixture(scope="module")
+def harness(learner):
+    return learner.module("harness")
+
+
+@pytest.fixture(scope="module")
+def experiments(learner):
+    return learner.module("benchmark")
+
+
+@pytest.mark.check("concurrency")
+def test_concurrency(harness, record):
+    for concurrency in (1, 4):
+        workload = Steady(0.005)
+        result = harness.run_concurrent(workload, concurrency=concurrency, calls=8 * concurrency)
+        missing = {"throughput", "mean_latency"} - set(result)
+        if missing:
+            raise LabCheckFailed(f"run_concurrent's result lacks {sorted(missing)}")
+        latency = statistics.fmean(workload.durations)  # each call's own time, measured inside it
+        expected = concurrency / latency  # c calls always in flight, each taking `latency`
+        record(f"throughput at {concurrency}", result["throughput"], target=expected, unit="calls/s")
+        if abs(result["mean_latency"] - latency) > 0.2 * latency + 1e-3:
+            raise LabCheckFailed(f"{concurrency} threads calling a 5 ms sleep: calls take {latency * 1e3:.2f} ms each "
+                                 f"but your mean latency is {result['mean_latency'] * 1e3:.2f} ms. Time each call on "
+                                 "its own, from its start to its end.")
+        if not 0.75 * expected <= result["throughput"] <= 1.25 * expected:
+            raise LabCheckFailed(
+                f"{concurrency} threads each calling a {latency * 1e3:.2f} ms sleep complete about {expected:.0f} calls "
+                f"per second, but your throughput is {result['throughput']:.0f}/s. Throughput is calls completed per "
+                "second of wall-clock time for the whole run; it is not 1 / latency, and the calls must really run "
+                f"{concurrency} at a time.")
+
+
+def _loop_sum(values):  # the handout's definition, timed by the grader for comparison
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
+@pytest.mark.check("overhead")
+def test_overhead_plausible(experiments, record):
+    n = 50_000
+    threads = torch.get_num_threads()
+    # One intra-op thread for both measurements: on a busy small machine a second thread's wake-up can cost
+    # milliseconds, which would swamp a sum that takes microseconds.
+    torch.set_num_threads(1)
+    try:
+        result = experiments.measure_overhead(n)
+        values = [random.random() for _ in range(n)]
+        tensor = torch.tensor(values)
+        ours = {
+            "loop_ns_per_element": bench.measure(_loop_sum, make_args=lambda: (values,), warmup=1, reps=7,
+                                                 device="cpu").median_s / n * 1e9,
+            "vectorised_ns_per_element": bench.measure(torch.sum, make_args=lambda: (tensor,), warmup=5, reps=50,
+                                                       device="cpu").median_s / n * 1e9,
+        }
+    finally:
+        torch.set_num_threads(threads)
+    for key, expected in ours.items():
+        got = result.get(key) if isinstance(result, dict) else None
+        if not isinstance(got, (int, float)):
+            raise LabCheckFailed(f"measure_overhead({n}) must return a dict with {key!r} (nanoseconds per element)")
+        record(key, got, target=expected, unit="ns")
+        if not expected / 3 <= got <= expected * 3:
+            raise LabCheckFailed(
+                f"{key}: you measured {got:.3g} ns per element, this machine takes {expected:.3g} (grader's "
+                "measurement). Time only the sum (build the list and the tensor before the timed region), take the "
+                "median, and divide by the number of elements.")
+    record("loop / vectorised", ours["loop_ns_per_element"] / ours["vectorised_ns_per_element"])
+
+
+@pytest.mark.check("raw-data")
+def test_raw_data(experiments, tmp_path, record):
+    experiments.main(tmp_path, quick=True)
+    samples, summary = tmp_path / "samples.csv", tmp_path / "summary.csv"
+    for path in (samples, summary):
+        if not path.exists():
+            raise LabCheckFailed(f"main(out_dir, quick=True) wrote no {path.name} in out_dir")
+    raw: dict[str, list[float]] = {}
+    with samples.open() as fh:
+        for row in csv.DictReader(fh):
+            raw.setdefault(row["experiment"], []).append(float(row["seconds"]))
+    with summary.open() as fh:
+        rows = list(csv.DictReader(fh))
+    needed = {"experiment", "warmup", "reps", "scope", "mean_s", "p50_s", "p95_s", "p99_s"}
+    if not rows or needed - set(rows[0]):
+        raise LabCheckFailed(f"summary.csv needs the columns {sorted(needed)}; it has {sorted(rows[0]) if rows else 'no rows'}")
+    if len(rows) < 2:
+        raise LabCheckFailed("summary.csv holds fewer than two experiments: run at least the overhead pair")
+    for row in rows:
+        name, values = row["experiment"], raw.get(row["experiment"], [])
+        if int(row["warmup"]) < 1 or not row["scope"].strip():
+            raise LabCheckFailed(f"{name}: state the warm-up count (at least 1) and the timed region ('scope') "
+                                 "of every experiment in summary.csv")
+        if len(values) != int(row["reps"]):
+            raise LabCheckFailed(f"{name}: summary.csv says {row['reps']} repetitions but samples.csv holds "
+                                 f"{len(values)}: write every timed repetition, one row each")
+        for key, value in (("mean_s", np.mean(values)), ("p50_s", np.percentile(values, 50)),
+                           ("p95_s", np.percentile(values, 95)), ("p99_s", np.percentile(values, 99))):
+            if float(row[key]) != pytest.approx(float(value), rel=1e-6):
+                raise LabCheckFailed(f"{name}: {key} in summary.csv is {row[key]}, but the raw samples give "
+                                     f"{value:.9g}. The summary must be recomputable from samples.csv.")
+    record("experiments", len(rows))

@@ -1,0 +1,170 @@
+"""Week 1 harness: workloads of known behaviour show whether warm-up, timing scope, synchronisation and
+the statistics are right. Each workload records how long every call really took (infracourse.kit.workloads)."""
+import itertools
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from infracourse import bench
+from infracourse.guard import LabCheckFailed
+from infracourse.kit.workloads import Jittery, SlowStart, Steady, ThreadQueue
+
+OVERHEAD_S = 1e-3  # what a harness may add to a call (clock reads, a no-op sync, Python) on a busy machine
+
+
+@pytest.fixture(scope="module")
+def harness(learner):
+    return learner.module("harness")
+
+
+def no_sync():
+    pass
+
+
+def _timed(harness, fn, *, warmup, reps, sync=no_sync, make_args=None):
+    kwargs = {"warmup": warmup, "reps": reps}
+    if sync is not None:
+        kwargs["sync"] = sync
+    args = (fn,) if make_args is None else (fn, make_args)
+    samples = harness.time_calls(*args, **kwargs)
+    if not isinstance(samples, (list, tuple)) or not all(isinstance(s, (int, float)) for s in samples):
+        raise LabCheckFailed(f"time_calls returned {type(samples).__name__}: return a list of seconds, one per timed call")
+    if len(samples) != reps:
+        raise LabCheckFailed(f"time_calls(warmup={warmup}, reps={reps}) returned {len(samples)} samples: expected one "
+                             f"per timed call ({reps}). Warm-up calls are run but never recorded.")
+    return list(samples)
+
+
+def _require_faithful(samples, truth, what):
+    """Each sample covers its own call: never shorter than the call, at most OVERHEAD_S longer."""
+    for i, (got, real) in enumerate(zip(samples, truth)):
+        if got < real - 50e-6 or got > real + OVERHEAD_S:
+            raise LabCheckFailed(f"{what}: timed call {i} took {real * 1e3:.3f} ms (measured inside the workload) but "
+                                 f"your sample says {got * 1e3:.3f} ms. Start the clock right before the call and "
+                                 "stop it right after the work is done.")
+
+
+@pytest.mark.check("warmup")
+def test_warmup_excluded(harness, record):
+    workload = SlowStart(0.002, slow_calls=3, slow_s=0.03)
+    samples = _timed(harness, workload, warmup=5, reps=12)
+    worst = max(samples)
+    record("slowest timed call", worst * 1e3, target=workload.slow_s * 1e3 / 2, unit="ms")
+    if worst > workload.slow_s / 2:
+        raise LabCheckFailed(
+            f"a workload whose first 3 calls take 30 ms and later calls 2 ms was timed with warmup=5, but your "
+            f"samples include a {worst * 1e3:.1f} ms call: the warm-up calls were timed. Run `warmup` calls first "
+            "(compilation, caches and allocators settle there) and record only the `reps` calls after them.")
+    if len(workload.durations) < 5 + 12:
+        raise LabCheckFailed(f"time_calls(warmup=5, reps=12) called the workload {len(workload.durations)} times: "
+                             "it must make the 5 warm-up calls and then 12 timed ones")
+    _require_faithful(samples, workload.durations[-12:], "steady calls after warm-up")
+
+
+@pytest.mark.check("timing-scope")
+def test_timing_scope(harness, record):
+    workload, given = Steady(0.002), []
+    tokens = itertools.count()
+
+    def make_args():  # slow input preparation, like generating a large random tensor
+        time.sleep(0.01)
+        return (next(tokens),)
+
+    def fn(token):
+        given.append(token)
+        workload()
+
+    samples = _timed(harness, fn, warmup=2, reps=10, make_args=make_args)
+    record("median sample", statistics.median(samples) * 1e3, target=2.0, unit="ms")
+    if statistics.median(samples) > 0.006:
+        raise LabCheckFailed(
+            f"fn takes 2 ms and make_args 10 ms, and your median sample is {statistics.median(samples) * 1e3:.1f} ms: "
+            "preparing the inputs was timed too. Call make_args() before starting the clock: the timed region is the "
+            "call, not its set-up.")
+    if len(set(given)) != len(given):
+        raise LabCheckFailed("fn received the same arguments twice: call make_args() for every call (warm-up included), "
+                             "so no call can reuse a cached result for old inputs")
+    _require_faithful(samples, workload.durations[-10:], "fn with slow make_args")
+
+
+@pytest.mark.check("sync-thread")
+def test_sync_asynchronous_work(harness, record):
+    workload = ThreadQueue(0.01)
+    samples = _timed(harness, workload, warmup=2, reps=8, sync=workload.wait)
+    median, job = statistics.median(samples), statistics.median(workload.durations)
+    record("median sample", median * 1e3, target=job * 1e3, unit="ms")
+    if median < 0.5 * job:
+        raise LabCheckFailed(
+            f"each call queues a {job * 1e3:.1f} ms job on a worker thread and returns at once; your harness measured "
+            f"{median * 1e6:.0f} us, the time to queue it. Call sync() after fn and before reading the clock (here "
+            "sync waits for the worker, on a GPU it is torch.cuda.synchronize()), and once before starting it.")
+    if median > job + OVERHEAD_S:
+        raise LabCheckFailed(f"each job takes {job * 1e3:.1f} ms but your median is {median * 1e3:.1f} ms: earlier "
+                             "jobs (warm-up) finished inside the timed region. Call sync() before starting the clock.")
+
+
+@pytest.mark.check("sync-cuda")
+def test_sync_cuda(harness, record):
+    cycles = 10_000_000  # about 5 ms on a 2 GHz GPU; the reference time is measured below
+
+    def kernel():
+        torch.cuda._sleep(cycles)
+
+    reference = bench.measure(kernel, warmup=2, reps=10, flush_l2=False, device="cuda").seconds
+    samples = _timed(harness, kernel, warmup=2, reps=10, sync=None)  # the default sync must wait for the GPU
+    median = statistics.median(samples)
+    record("median sample", median * 1e3, target=reference * 1e3, unit="ms")
+    if median < 0.7 * reference:
+        raise LabCheckFailed(
+            f"a kernel that runs {reference * 1e3:.2f} ms measured {median * 1e6:.0f} us: the clock was read when the "
+            "launch returned, before the GPU finished. time_calls' default sync must be torch.cuda.synchronize "
+            "when a GPU is present, called after fn inside the timed region.")
+    if median > 1.5 * reference + OVERHEAD_S:
+        raise LabCheckFailed(f"a kernel that runs {reference * 1e3:.2f} ms measured {median * 1e3:.2f} ms: something "
+                             "besides the kernel is inside the timed region")
+
+
+@pytest.mark.check("percentiles")
+def test_percentiles(harness, seed, record):
+    rng = np.random.default_rng(seed)
+    for n in (2, 7, 20, 101):
+        data = rng.lognormal(-6, 0.8, size=n).tolist()  # timing-like: positive, skewed
+        original = list(data)
+        for q in (0, 25, 50, 95, 99, 100):
+            got, want = harness.percentile(data, q), float(np.percentile(original, q))
+            if not got == pytest.approx(want, rel=1e-9):
+                raise LabCheckFailed(
+                    f"percentile of {n} samples at q={q}: {got!r}, expected {want!r} (seed {seed}). Use linear "
+                    "interpolation: rank = (n - 1) * q / 100, then interpolate between the samples either side of "
+                    "that rank (numpy's default). Nearest-rank rounds to one sample and misses it.")
+        if data != original:
+            raise LabCheckFailed("percentile sorted the caller's list in place: sort a copy")
+        _require_summary(harness.summarize(data), original, f"summarize of {n} samples (seed {seed})", rel=1e-9)
+
+    workload = Jittery(0.002, seed=seed)
+    samples = _timed(harness, workload, warmup=3, reps=40)
+    _require_faithful(samples, workload.durations[-40:], "a jittery workload")
+    truth = workload.durations[-40:]
+    summary = harness.summarize(samples)
+    for key, q in (("p50", 50), ("p95", 95), ("p99", 99)):
+        want = float(np.percentile(truth, q))
+        if abs(summary[key] - want) > OVERHEAD_S:
+            raise LabCheckFailed(f"a jittery workload whose true {key} is {want * 1e3:.3f} ms: your summary says "
+                                 f"{summary[key] * 1e3:.3f} ms (seed {seed})")
+    record("p99 of jittery calls", summary["p99"] * 1e3, unit="ms")
+
+
+def _require_summary(summary, data, what, rel):
+    if not isinstance(summary, dict):
+        raise LabCheckFailed(f"{what}: summarize returned {type(summary).__name__}, expected a dict")
+    want = {"n": len(data), "mean": float(np.mean(data)), "std": float(np.std(data, ddof=1)),
+            **{f"p{q}": float(np.percentile(data, q)) for q in (50, 95, 99)}}
+    for key, value in want.items():
+        if key not in summary:
+            raise LabCheckFailed(f"{what}: the summary has no {key!r} (expected keys {sorted(want)})")
+        if not summary[key] == pytest.approx(value, rel=rel):
+            hint = " (the sample standard deviation divides by n - 1)" if key == "std" else ""
+            raise LabCheckFailed(f"{what}: {key} is {summary[key]!r}, expected {value!r}{hint}")

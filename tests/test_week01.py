@@ -1,0 +1,69 @@
+"""Week 1 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+import pytest
+
+from conftest import replace_once
+
+pytestmark = pytest.mark.slow
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    result, checks = grade_lab("week01")
+    assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
+    for check in checks.values():
+        expected = "passed" if machine.satisfies(check.needs) else "blocked"
+        assert check.status == expected, (check.id, check.message)
+    assert result.seconds < 60
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week01", source="starter", stamp=False)
+    assert not result.complete
+    assert checks["warmup"].status == "failed"
+    assert "write the warm-up loop and the timed loop" in checks["warmup"].message
+    assert "linear-interpolation percentile" in checks["percentiles"].message
+    assert checks["report"].status == "failed"
+
+
+HARNESS, BENCHMARK = "harness.py", "benchmark.py"
+VARIANTS = {
+    # the clock is read as soon as fn returns: asynchronous work is not waited for
+    "no synchronisation": ("sync-thread", HARNESS, replace_once(
+        "        fn(*args)\n        sync()  # an asynchronous call returns before its work is done: wait before "
+        "reading the clock\n", "        fn(*args)\n")),
+    # the warm-up calls are timed and kept with the others
+    "warm-up included": ("warmup", HARNESS, lambda text: replace_once(
+        "    for _ in range(warmup):\n        fn(*make_args())\n", "")(text).replace(
+        "for _ in range(reps):", "for _ in range(warmup + reps):")),
+    # no warm-up at all: the slow first calls land in the samples
+    "no warm-up": ("warmup", HARNESS, replace_once(
+        "    for _ in range(warmup):\n        fn(*make_args())\n", "")),
+    # the smallest sample whose rank covers q: right for large n, wrong between ranks
+    "nearest-rank percentile": ("percentiles", HARNESS, replace_once(
+        "    below, above = math.floor(rank), math.ceil(rank)\n"
+        "    return ordered[below] + (ordered[above] - ordered[below]) * (rank - below)",
+        "    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]")),
+    # population standard deviation instead of the sample one
+    "std divides by n": ("percentiles", HARNESS, replace_once("statistics.stdev(samples)", "statistics.pstdev(samples)")),
+    # the clock starts before the inputs are prepared
+    "inputs prepared inside the timer": ("timing-scope", HARNESS, replace_once(
+        "        args = make_args()  # fresh inputs every call, prepared outside the timed region\n"
+        "        sync()  # work queued earlier (warm-up, make_args) must not finish inside this sample\n"
+        "        start = time.perf_counter()\n",
+        "        start = time.perf_counter()\n        args = make_args()\n        sync()\n")),
+    # throughput derived from latency, as if calls never overlapped
+    "throughput from mean latency": ("concurrency", HARNESS, replace_once(
+        '"throughput": calls / wall,', '"throughput": 1 / statistics.fmean(latencies),')),
+    # the list-to-tensor conversion timed together with the sum
+    "conversion timed with the sum": ("overhead", BENCHMARK, replace_once(
+        "time_calls(torch.sum, lambda: (tensor,),", "time_calls(lambda: torch.sum(torch.tensor(values)),")),
+    # samples written with 3 significant digits: the summary no longer recomputes from them
+    "raw samples rounded": ("raw-data", BENCHMARK, replace_once("repr(s)", 'f"{s:.3g}"')),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, file, edit = VARIANTS[name]
+    result, checks = grade_lab("week01", edits={file: edit})
+    assert checks[check_id].status == "failed", (name, checks[check_id].status, checks[check_id].message)
+    assert not result.complete
