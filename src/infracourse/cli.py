@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infracourse import views
+from infracourse.cohort.cli import cohort_app, release_command, submit_command
 from infracourse.course import Course
 from infracourse.grading.results import GradeResult
 from infracourse.progress import ProgressError
@@ -268,6 +269,11 @@ def dev_check(week: Optional[str] = typer.Argument(None, help="One week (default
     if problems:
         raise typer.Exit(1)
     console.print("[green]course OK[/green]")
+
+
+app.command("submit")(submit_command)
+app.command("release")(release_command)
+app.add_typer(cohort_app, name="cohort")
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -1,0 +1,299 @@
+"""A submission bundle: what `infracourse submit weekNN` writes and what `infracourse cohort import` reads.
+
+Layout of `<workspace>/submissions/weekNN-<UTC timestamp>.zip` (format_version 1):
+  manifest.json    `Manifest`: learner, week, versions, device + environment, calibrated ceilings, and the
+                   sha256 and size of every other member
+  results.json     the learner's last grade of the week (`GradeResult.as_dict()`): self-reported
+  files/<name>     the week folder as the grader sees it (caches, backups and plots left out)
+
+`read_bundle` trusts nothing in a bundle: size, zip structure, member names, manifest, hashes, week and
+results are checked in that order, and the first fault becomes a `BundleError` naming the file, what is
+wrong and what to do. Duplicates are the gradebook's to find (it knows what it already holds).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import stat
+import time
+import zipfile
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from infracourse import __version__
+from infracourse.course import Course, LabDir
+from infracourse.grading.results import GradeResult
+from infracourse.grading.runner import IGNORED
+from infracourse.hardware import Hardware, cached_ceilings, detect
+from infracourse.syllabus import WEEK_ID
+from infracourse.workspace import Workspace
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+RESULTS = "results.json"
+FILES = "files/"
+MAX_BUNDLE_BYTES = 16 * 2**20  # the zip as stored
+MAX_UNPACKED_BYTES = 64 * 2**20  # all members unpacked: a zip bomb stops here
+MAX_MEMBERS = 1000
+LEARNER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
+SHA256 = r"^[0-9a-f]{64}$"
+_GRADE = TypeAdapter(GradeResult)  # types and statuses of results.json, checked field by field
+RESEND = "ask the learner to run `infracourse submit WEEK` again and send the new .zip unchanged"
+
+
+class BundleError(Exception):
+    """A bundle cannot be written or accepted. `kind` names the fault; the message names the file and the fix."""
+
+    def __init__(self, source: str | Path, kind: str, reason: str):
+        self.source, self.kind, self.reason = str(source), kind, reason
+        super().__init__(f"{source}: {reason}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileEntry(_Strict):
+    sha256: str = Field(pattern=SHA256, description="sha256 of the member's bytes, lowercase hex.")
+    size: int = Field(ge=0, description="The member's size in bytes, unpacked.")
+
+
+class Manifest(_Strict):
+    format_version: Literal[1] = Field(description="Bumped when a field changes meaning.")
+    kind: Literal["infracourse-submission"] = "infracourse-submission"
+    learner: str = Field(pattern=LEARNER_ID, description="The learner's id (workspace config `learner:` or --learner).")
+    week: str = Field(pattern=WEEK_ID.pattern, description="weekNN of the submitted lab.")
+    created_at: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", description="When submitted, UTC.")
+    infracourse_version: str = Field(description="Version of the engine (and its graders) that graded it.")
+    graders_sha256: str = Field(pattern=SHA256, description="Digest of lab.yaml and graders/weekNN (graders_digest).")
+    environment: dict = Field(description="`Hardware.as_dict()` of the learner's machine: GPU, driver, CUDA, "
+                                          "torch, triton, CPU and the device fingerprint.")
+    ceilings: dict | None = Field(description="The learner's calibrated ceilings (copy_gbps, matmul_tflops); "
+                                              "null on a machine without a GPU.")
+    files: dict[str, FileEntry] = Field(description="Every other member of the zip, by name.")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    source: str
+    manifest: Manifest
+    results: GradeResult
+    files: dict[str, bytes]  # the learner's files, by name relative to the week folder
+    results_json: str  # results.json as received (validated into `results`)
+    data: bytes  # the zip exactly as received
+    bundle_id: str  # sha256 of the canonical manifest: the same submission imported twice has the same id
+
+
+# ---------------------------------------------------------------- writing
+def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner: str | None = None,
+           hardware: Hardware | None = None) -> Path:
+    """Bundle a week's files with its last grade; returns `<workspace>/submissions/weekNN-<timestamp>.zip`."""
+    week = course.week(week_ref)
+    lab = course.lab(week)
+    who = learner or _configured_learner(workspace)
+    result = workspace.progress.last_grade(week.id)
+    if result is None:
+        raise BundleError(workspace.root, "submit", f"{week.id} has no grade yet: run `infracourse grade {week.id}` "
+                          "first (the bundle carries your last grade), then submit")
+    folder = workspace.week_dir(week)
+    files = learner_files(folder)
+    missing = [name for name in lab.spec.files if name not in files]
+    if missing:
+        raise BundleError(folder, "submit", f"{', '.join(missing)} missing: `infracourse reset {week.id}` restores "
+                          "the starter (backing up what you have)")
+    size = sum(map(len, files.values()))
+    if size > MAX_UNPACKED_BYTES // 2:
+        largest = sorted(files, key=lambda n: -len(files[n]))[:3]
+        raise BundleError(folder, "submit", f"the week's files hold {size / 2**20:.0f} MiB (largest: "
+                          f"{', '.join(largest)}); move data and traces out of {folder} and submit again")
+    hw = hardware or detect()
+    ceilings = cached_ceilings(hw) if hw.gpu_count else None
+    created = time.gmtime()
+    fields = dict(learner=who, week=week.id, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", created),
+                  infracourse_version=__version__, graders_sha256=graders_digest(lab),
+                  environment=hw.as_dict(), ceilings=asdict(ceilings) if ceilings else None)
+    out = workspace.root / "submissions"
+    out.mkdir(exist_ok=True)
+    stem = f"{week.id}-{time.strftime('%Y%m%d-%H%M%S', created)}"
+    path, n = out / f"{stem}.zip", 1
+    while path.exists():
+        n += 1
+        path = out / f"{stem}-{n}.zip"
+    return write_bundle(path, fields, files, result.as_dict())
+
+
+def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dict) -> Path:
+    """Write a bundle atomically from manifest fields (all but `files`), learner files and results."""
+    members = {FILES + name: data for name, data in sorted(files.items())}
+    members[RESULTS] = json.dumps(results, indent=1, sort_keys=True).encode()
+    entries = {name: FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+               for name, data in members.items()}
+    manifest = Manifest(format_version=FORMAT_VERSION, files=entries, **fields)
+    part = path.with_name(path.name + ".part")
+    with zipfile.ZipFile(part, "w") as zf:
+        for name, data in {MANIFEST: manifest.model_dump_json(indent=1).encode(), **members}.items():
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # same content, same bytes
+            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+            zf.writestr(info, data)
+    part.replace(path)
+    return path
+
+
+def learner_files(folder: Path) -> dict[str, bytes]:
+    """The files of a week folder the grader would see (the runner's IGNORED patterns left out)."""
+    if not folder.is_dir():
+        raise BundleError(folder, "submit", "no such folder: unlock the week first (`infracourse unlock WEEK`)")
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        skip = IGNORED(dirpath, dirnames + filenames)
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        for name in filenames:
+            if name not in skip:
+                path = Path(dirpath) / name
+                files[path.relative_to(folder).as_posix()] = path.read_bytes()
+    return files
+
+
+def graders_digest(lab: LabDir) -> str:
+    """sha256 over lab.yaml and the week's grader files: tells which graders produced a result."""
+    digest = hashlib.sha256()
+    paths = [lab.path / "lab.yaml"] + sorted(p for p in lab.graders.rglob("*") if p.is_file()
+                                             and "__pycache__" not in p.parts)
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _configured_learner(workspace: Workspace) -> str:
+    config = workspace.meta / "config.yaml"
+    try:
+        who = (yaml.safe_load(config.read_text()) or {}).get("learner")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise BundleError(config, "submit", f"not valid YAML ({where}{getattr(exc, 'problem', exc)}); fix it or "
+                          "pass --learner ID") from None
+    if not who:
+        raise BundleError(config, "submit", "no learner id: pass `--learner ID` (your course login or e-mail) "
+                          "or add a line `learner: ID` to this file")
+    return str(who)
+
+
+# ---------------------------------------------------------------- reading
+def read_bundle(path: Path, course: Course) -> Bundle:
+    """Read and validate a bundle file; raises BundleError naming the file, the fault and the fix."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BUNDLE_BYTES:
+            raise BundleError(path, "oversize", f"{size / 2**20:.1f} MiB is over the {MAX_BUNDLE_BYTES // 2**20} MiB "
+                              "limit for a bundle; ask the learner to move data files out of the week folder and "
+                              "run `infracourse submit WEEK` again")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(path, "unreadable", f"cannot be read ({exc.strerror}); check the path") from None
+    return parse_bundle(data, course, source=str(path))
+
+
+def parse_bundle(data: bytes, course: Course, *, source: str) -> Bundle:
+    """Validate bundle bytes (from a file, or as stored in the gradebook)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = _read_members(zf, source)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise BundleError(source, "not-zip", f"not a readable zip file ({exc}); {RESEND}") from None
+    manifest = _manifest(members, source)
+    try:
+        week = course.week(manifest.week)
+    except KeyError as exc:
+        week, why = None, exc.args[0]
+    else:
+        why = f"{week.id} is planned: its lab is not built"
+    if week is None or week.planned:
+        raise BundleError(source, "unknown-week", f"week {manifest.week!r} has no lab in this course ({why}); "
+                          "check that the gradebook's course (INFRACOURSE_COURSE) is the one the learner took")
+    _check_hashes(members, manifest, source)
+    return Bundle(source=source, manifest=manifest, results=_results(members[RESULTS], manifest, source),
+                  files={n[len(FILES):]: b for n, b in members.items() if n.startswith(FILES)},
+                  results_json=members[RESULTS].decode(), data=data,
+                  bundle_id=hashlib.sha256(json.dumps(manifest.model_dump(), sort_keys=True).encode()).hexdigest())
+
+
+def _read_members(zf: zipfile.ZipFile, source: str) -> dict[str, bytes]:
+    infos = [i for i in zf.infolist() if not (i.is_dir() and _safe(i.filename.rstrip("/")))]
+    if len(infos) > MAX_MEMBERS:
+        raise BundleError(source, "oversize", f"{len(infos)} members is over the limit of {MAX_MEMBERS}; {RESEND}")
+    declared = sum(i.file_size for i in infos)
+    if declared > MAX_UNPACKED_BYTES:
+        raise BundleError(source, "oversize", f"unpacks to {declared / 2**20:.0f} MiB, over the "
+                          f"{MAX_UNPACKED_BYTES // 2**20} MiB limit; {RESEND}")
+    members: dict[str, bytes] = {}
+    for info in infos:
+        name = info.filename
+        if not _safe(name) or stat.S_ISLNK(info.external_attr >> 16):
+            raise BundleError(source, "traversal", f"member {name!r} could write outside the folder it is unpacked "
+                              f"into (absolute path, '..', backslash or link); the bundle was not made by "
+                              f"`infracourse submit`: {RESEND}")
+        if name in members:
+            raise BundleError(source, "manifest", f"member {name!r} appears twice; {RESEND}")
+        with zf.open(info) as fh:
+            members[name] = fh.read(info.file_size + 1)
+        if len(members[name]) != info.file_size:
+            raise BundleError(source, "not-zip", f"member {name!r} is not the size its header states; {RESEND}")
+    return members
+
+
+def _safe(name: str) -> bool:
+    parts = name.split("/")
+    return bool(name) and not name.startswith("/") and "\\" not in name and ":" not in name \
+        and all(p not in ("", ".", "..") for p in parts)
+
+
+def _manifest(members: dict[str, bytes], source: str) -> Manifest:
+    if MANIFEST not in members:
+        raise BundleError(source, "manifest", f"no {MANIFEST} in the zip: this is not an infracourse submission; "
+                          f"{RESEND}")
+    try:
+        return Manifest.model_validate_json(members[MANIFEST])
+    except ValidationError as exc:
+        raise BundleError(source, "manifest", f"{MANIFEST} is malformed ({_problems(exc)}); {RESEND}") from None
+
+
+def _check_hashes(members: dict[str, bytes], manifest: Manifest, source: str) -> None:
+    listed, present = set(manifest.files), set(members) - {MANIFEST}
+    if present - listed:
+        raise BundleError(source, "hash", f"member(s) {sorted(present - listed)} are not listed in {MANIFEST}: "
+                          f"files were added after submitting; {RESEND}")
+    if listed - present:
+        raise BundleError(source, "hash", f"{MANIFEST} lists {sorted(listed - present)} but the zip lacks them; "
+                          f"{RESEND}")
+    if RESULTS not in listed:
+        raise BundleError(source, "manifest", f"no {RESULTS} in the bundle: the learner must grade before "
+                          f"submitting; {RESEND}")
+    for name, entry in sorted(manifest.files.items()):
+        actual = hashlib.sha256(members[name]).hexdigest()
+        if actual != entry.sha256 or len(members[name]) != entry.size:
+            raise BundleError(source, "hash", f"{name} does not match its sha256 in {MANIFEST} (manifest "
+                              f"{entry.sha256[:12]}..., content {actual[:12]}...): the file changed after "
+                              f"submitting; {RESEND}")
+
+
+def _results(data: bytes, manifest: Manifest, source: str) -> GradeResult:
+    try:
+        result = _GRADE.validate_json(data)
+    except ValidationError as exc:
+        raise BundleError(source, "manifest", f"{RESULTS} is not a grade result ({_problems(exc)}); {RESEND}") from None
+    if result.week != manifest.week:
+        raise BundleError(source, "manifest", f"{RESULTS} grades {result.week} but {MANIFEST} says "
+                          f"{manifest.week}; {RESEND}")
+    return result
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg']}" for e in exc.errors()[:3])

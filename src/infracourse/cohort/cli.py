@@ -1,0 +1,141 @@
+"""The instructor's commands (`release`, `cohort ...`) and the learner's `submit`: parse, call one function, print.
+
+Wired into the `infracourse` app by infracourse.cli; the functions they call live beside this module.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infracourse.cohort import bundle, export, gradebook, publish, regrade, release
+from infracourse.course import Course, default_course_root
+from infracourse.progress import ProgressError
+from infracourse.syllabus import CourseFileError
+from infracourse.workspace import Workspace, WorkspaceError
+
+cohort_app = typer.Typer(no_args_is_help=True, help="For instructors: a gradebook of a cohort's submissions, "
+                         "regraded on your machine, exported and published as a static site.")
+console = Console()
+err = Console(stderr=True)
+FAILURES = (bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
+            publish.PublishError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
+GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
+                            help="The gradebook file (default: gradebook.db in the current folder).")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def _message(exc: BaseException) -> str:
+    return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+def release_command(out: Path = typer.Option(..., "--out", help="New folder for the learner copy."),
+                    course: Optional[Path] = typer.Option(None, "--course", help="Course repository (default: "
+                                                          "this installation's, or INFRACOURSE_COURSE).")):
+    """Write a learner copy of the course with no reference solution in it (checked by content)."""
+    try:
+        report = release.release(course or default_course_root(), out)
+    except FAILURES as exc:
+        _fail(_message(exc))
+    console.print(f"Learner copy written to [bold]{report.out}[/bold] ({report.files} files).")
+    for item in report.removed:
+        console.print(f"  left out {item['path']}: {item['reason']}")
+
+
+def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
+                   learner: Optional[str] = typer.Option(None, "--learner", help="Your id (default: `learner:` in "
+                                                         "the workspace's .infracourse/config.yaml)."),
+                   workspace: Optional[Path] = typer.Option(None, "--workspace", "-w",
+                                                            help="Workspace folder (default: found from here).")):
+    """Bundle a week's files with your last grade and this machine's facts, for your instructor."""
+    try:
+        path = bundle.submit(Workspace.find(workspace), Course(), week, learner=learner)
+    except FAILURES as exc:
+        _fail(_message(exc))
+    print(path)
+
+
+@cohort_app.command("init")
+def init(gradebook_file: Path = GradebookOpt):
+    """Create an empty gradebook (an existing one is left as it is)."""
+    existed = gradebook_file.exists()
+    try:
+        book = gradebook.Gradebook.create(gradebook_file, Course())
+    except FAILURES as exc:
+        _fail(_message(exc))
+    console.print(f"Gradebook {'already at' if existed else 'created at'} [bold]{book.path}[/bold]. "
+                  "Next: infracourse cohort import BUNDLE.zip ...")
+
+
+@cohort_app.command("import")
+def import_(bundles: List[Path] = typer.Argument(..., help="Submission .zip files."),
+            keep_going: bool = typer.Option(False, "--keep-going", help="Record the valid bundles even if "
+                                            "others are rejected (default: all or nothing)."),
+            gradebook_file: Path = GradebookOpt):
+    """Validate bundles and record them; each bad one is rejected with its reason."""
+    try:
+        report = gradebook.Gradebook(gradebook_file).import_bundles(bundles, Course(), keep_going=keep_going)
+    except FAILURES as exc:
+        _fail(_message(exc))
+    for problem in report.rejected:
+        console.print(f"[red]rejected[/red] {problem}")
+    if report.committed:
+        console.print(f"[green]imported {len(report.imported)} bundle(s)[/green]")
+    elif report.rejected:
+        console.print(f"nothing imported: the gradebook is as it was. Fix or leave out the rejected bundle(s), "
+                      f"or pass --keep-going to record the {len(report.imported)} valid one(s).")
+    raise typer.Exit(1 if report.rejected else 0)
+
+
+@cohort_app.command("regrade")
+def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this week."),
+             learner: Optional[str] = typer.Option(None, "--learner", help="Only this learner."),
+             again: bool = typer.Option(False, "--again", help="Also submissions already verified on this machine."),
+             gradebook_file: Path = GradebookOpt):
+    """Re-run the graders on this machine for each learner's newest submission; mark the results verified."""
+    try:
+        done = regrade.regrade(gradebook.Gradebook(gradebook_file), Course(), week=week, learner=learner,
+                               again=again, on_submission=lambda s: err.print(f"[dim]regrading {s.learner} "
+                                                                              f"{s.week}[/dim]"))
+    except FAILURES as exc:
+        _fail(_message(exc))
+    table = Table(title=f"regraded {len(done)} submission(s)")
+    for column in ("learner", "week", "self-reported", "verified", "disagreements"):
+        table.add_column(column, overflow="fold")
+    for r in done:
+        table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported), _passed(r.verified),
+                      "; ".join(f"{d['check']}: self {d['self']}, verified {d['verified']}" for d in r.disagreements))
+    console.print(table)
+
+
+@cohort_app.command("export")
+def export_(out: Path = typer.Option(..., "--out", help="FILE.csv or FILE.json"), gradebook_file: Path = GradebookOpt):
+    """One row per learner x week: checks passed, verified, disagreements, best figures."""
+    try:
+        path = export.export(gradebook.Gradebook(gradebook_file), Course(), out)
+    except FAILURES as exc:
+        _fail(_message(exc))
+    console.print(f"wrote {path}")
+
+
+@cohort_app.command("publish")
+def publish_(out: Path = typer.Option(..., "--out", help="Folder for the static site."),
+             pseudonyms: bool = typer.Option(False, "--pseudonyms", help="Show stable pseudonyms, not learner ids."),
+             gradebook_file: Path = GradebookOpt):
+    """Write the cohort site: learners x weeks grid, week pages, kernel-week leaderboards (works from file://)."""
+    try:
+        site = publish.publish(gradebook.Gradebook(gradebook_file), Course(), out, pseudonyms=pseudonyms)
+    except FAILURES as exc:
+        _fail(_message(exc))
+    console.print(f"site written to {site}; open {(site / 'index.html').resolve().as_uri()}")
+
+
+def _passed(result) -> str:
+    return f"{result.count('passed')}/{len(result.checks)}" + (" complete" if result.complete else "")
