@@ -1,0 +1,75 @@
+"""Week 4 autograd: RMSNormFunction's hand-written backward against numerical and autograd gradients."""
+import pytest
+import torch
+
+from infracourse.compare import assert_close
+from infracourse.guard import LabCheckFailed
+from infracourse.kit.gpt import RMSNorm
+
+EPS = 1e-6
+GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5  # fp32 gradients: the hand-written formula sums in another order
+
+
+@pytest.fixture(scope="module")
+def fn(learner):
+    return learner.module("rmsnorm_function")
+
+
+def _unfused(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def _require_own_function(fn, y):
+    if getattr(y.grad_fn, "_forward_cls", None) is not fn.RMSNormFunction:
+        raise LabCheckFailed(f"rms_norm's output has grad_fn {type(y.grad_fn).__name__}, not RMSNormFunction's "
+                             "backward: return RMSNormFunction.apply(x, weight, eps) so your backward is the one used")
+
+
+def _diagnose(fn, x, w) -> str:
+    """Which gradient is wrong, and by roughly what factor, against autograd of the unfused ops."""
+    grad_out = torch.randn(x.shape, dtype=x.dtype)
+    mine = torch.autograd.grad(fn.rms_norm(x, w, EPS), (x, w), grad_out)
+    true = torch.autograd.grad(_unfused(x, w), (x, w), grad_out)
+    parts = []
+    for name, a, b in zip(("grad of x", "grad of weight"), mine, true):
+        if not torch.allclose(a, b, rtol=1e-6, atol=1e-8):
+            factor = (a * b).sum() / (b * b).sum()
+            parts.append(f"{name} is off (about {factor.item():.3g} x the true gradient along it)")
+    return "; ".join(parts) or "the gradients disagree with finite differences"
+
+
+@pytest.mark.check("autograd-gradcheck")
+def test_gradcheck(fn):
+    cases = {"(3, 7)": torch.randn(3, 7), "(2, 5, 16)": torch.randn(2, 5, 16), "(1, 1)": torch.randn(1, 1),
+             "(4, 1, 9)": torch.randn(4, 1, 9), "a transposed (4, 9)": torch.randn(9, 4).t()}
+    for what, base in cases.items():
+        x = base.double().requires_grad_()
+        w = torch.randn(x.shape[-1], dtype=torch.float64, requires_grad=True)
+        _require_own_function(fn, fn.rms_norm(x, w, EPS))
+        if not torch.autograd.gradcheck(fn.rms_norm, (x, w, EPS), raise_exception=False):
+            raise LabCheckFailed(f"gradcheck in float64 fails for x of shape {what}: {_diagnose(fn, x, w)}. "
+                                 "Derive dx through r = 1/sqrt(mean(x^2) + eps), which depends on every x of the row.")
+
+
+@pytest.mark.check("autograd-matches-unfused")
+def test_matches_unfused(fn):
+    for shape in [(8, 64), (2, 33, 96), (1, 5, 1)]:
+        for scale in (1.0, 1e-3, 1e3):  # 1e-3: mean(x^2) is near eps, so where eps goes shows
+            x = torch.randn(shape) * scale
+            grad_out = torch.randn(shape)
+            reference = RMSNorm(shape[-1], eps=EPS)
+            with torch.no_grad():
+                reference.weight.copy_(torch.randn(shape[-1]))
+            x_ref = x.clone().requires_grad_()
+            y_ref = reference(x_ref)
+            y_ref.backward(grad_out)
+            x_mine, w_mine = x.clone().requires_grad_(), reference.weight.detach().clone().requires_grad_()
+            y = fn.rms_norm(x_mine, w_mine, EPS)
+            _require_own_function(fn, y)
+            what = f"rms_norm of a {shape} input scaled by {scale:g}"
+            assert_close(y, y_ref, what=f"{what}: output")
+            y.backward(grad_out)
+            for name, got, want in (("dx", x_mine.grad, x_ref.grad), ("dweight", w_mine.grad, reference.weight.grad)):
+                # dx = r * (g - x_hat * mean(g * x_hat)) cancels: the absolute tolerance follows its magnitude
+                atol = GRAD_ATOL * max(1.0, want.abs().max().item())
+                assert_close(got, want, rtol=GRAD_RTOL, atol=atol, what=f"{what}: {name}")

@@ -1,0 +1,114 @@
+"""Week 4 blocks: norm, attention and MLP from tensor ops against the kit's modules, and each stage's layout."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from infracourse.compare import assert_close
+from infracourse.guard import LabCheckFailed, watch_call
+from infracourse.kit.gpt import MLP, Block, CausalSelfAttention, GPTConfig, RMSNorm
+
+CONFIGS = [GPTConfig(d_model=64, n_head=4), GPTConfig(d_model=48, n_head=3, mlp_ratio=2)]
+SHAPES = [(2, 7), (1, 1), (3, 33)]  # (batch, seq): one token, and a length that is no power of two
+RTOL, ATOL = 1e-4, 1e-5  # fp32: a different summation order than the kit's fused kernels
+
+
+@pytest.fixture(scope="module")
+def blocks(learner):
+    return learner.module("blocks")
+
+
+def _compare(mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward=True):
+    """Same weights, same input: outputs and every gradient must agree; no library op may do the work."""
+    try:
+        mine.load_state_dict(reference.state_dict())
+    except RuntimeError as exc:
+        raise LabCheckFailed(f"{what}: the kit's weights do not load into yours ({str(exc)[:300]}); keep the "
+                             "parameter names and shapes of infracourse.kit.gpt") from None
+    mine.to(x.dtype)
+    reference.to(x.dtype)
+    x_mine, x_ref = x.clone().requires_grad_(backward), x.clone().requires_grad_(backward)
+    with watch_call(poison=False) as record:
+        out = mine(x_mine)
+    used = sorted({op for op in record.ops if any(name in op for name in forbidden)})
+    if used:
+        raise LabCheckFailed(f"{what} called {used}: write it from tensor ops (matmul, softmax, erf, ...), not the "
+                             "library's fused op")
+    expected = reference(x_ref)
+    assert_close(out, expected, rtol=rtol, atol=atol, what=f"{what}: output")
+    if not backward:
+        return
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    pairs = [("the input", x_mine.grad, x_ref.grad)] + [
+        (name, p.grad, q.grad) for (name, p), q in zip(mine.named_parameters(), reference.parameters())]
+    for name, got, want in pairs:
+        # gradients sum many terms that cancel: the absolute tolerance follows their magnitude
+        scale = max(1.0, want.abs().max().item())
+        assert_close(got, want, rtol=rtol, atol=atol * scale, what=f"{what}: gradient of {name}")
+
+
+def _cases(seed):
+    for cfg in CONFIGS:
+        for batch, seq in SHAPES:
+            yield cfg, torch.randn(batch, seq, cfg.d_model), f"{cfg.n_head} heads, x {(batch, seq, cfg.d_model)} " \
+                                                             f"(seed {seed})"
+
+
+@pytest.mark.check("block-norm")
+def test_norm(blocks, seed):
+    for cfg, x, what in _cases(seed):
+        reference = RMSNorm(cfg.d_model)
+        with torch.no_grad():
+            reference.weight.normal_()
+        _compare(blocks.RMSNorm(cfg.d_model), reference, x * 1e-3, f"RMSNorm of {what} x 1e-3",
+                 ("rms_norm", "layer_norm"))
+        _compare(blocks.RMSNorm(cfg.d_model), reference, x.bfloat16(), f"RMSNorm in bf16 of {what}",
+                 ("rms_norm", "layer_norm"), rtol=None, atol=None, backward=False)
+
+
+@pytest.mark.check("block-attention")
+def test_attention(blocks, seed):
+    for cfg, x, what in _cases(seed):
+        reference = CausalSelfAttention(cfg)
+        _compare(blocks.CausalSelfAttention(cfg), reference, x, f"attention on {what}", ("scaled_dot_product",))
+        # scores near 100: exp overflows fp32 unless each row's max is subtracted first; so sharp a softmax
+        # magnifies rounding, hence the looser tolerance
+        _compare(blocks.CausalSelfAttention(cfg), reference, x * 50, f"attention on {what} x 50",
+                 ("scaled_dot_product",), rtol=1e-3, atol=5e-4, backward=False)
+
+
+@pytest.mark.check("block-mlp")
+def test_mlp(blocks, seed):
+    for cfg, x, what in _cases(seed):
+        _compare(blocks.MLP(cfg), MLP(cfg), x * 20, f"MLP on {what} x 20", ("gelu",))
+
+
+def _kit_layouts(batch, seq, cfg):
+    """The layout of each stage as the kit's Block computes it."""
+    block = Block(cfg)
+    C, H = cfg.d_model, cfg.n_head
+    x = torch.randn(batch, seq, C)
+    qkv = block.attn.qkv(x)
+    q, k, v = (t.view(batch, seq, H, C // H).transpose(1, 2) for t in qkv.split(C, dim=2))
+    merged = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, C)
+    stages = {"x": x, "qkv": qkv, "q": q, "k_t": k.transpose(-2, -1), "scores": q @ k.transpose(-2, -1),
+              "merged": merged, "hidden": block.mlp.up(block.norm2(x))}
+    return {name: (tuple(t.shape), t.stride()) for name, t in stages.items()}
+
+
+@pytest.mark.check("block-layouts")
+def test_layouts(blocks):
+    for cfg, (batch, seq) in [(CONFIGS[0], (2, 5)), (CONFIGS[1], (3, 7))]:
+        got = blocks.layouts(batch, seq, cfg)
+        for stage, (shape, stride) in _kit_layouts(batch, seq, cfg).items():
+            if stage not in got:
+                raise LabCheckFailed(f"layouts() has no entry for stage {stage!r}")
+            mine_shape, mine_stride = (tuple(v) for v in got[stage])
+            # a dim of size 1 is never stepped along: its stride is not part of the layout
+            same = mine_shape == shape and all(a == b for a, b, n in zip(mine_stride, stride, shape) if n != 1)
+            if not same or len(mine_stride) != len(stride):
+                raise LabCheckFailed(
+                    f"layouts({batch}, {seq}, d_model={cfg.d_model}, n_head={cfg.n_head})[{stage!r}] is "
+                    f"{mine_shape} with strides {mine_stride}; the kit's Block has {shape} with strides {stride}. "
+                    "Slicing, view and transpose change strides without moving data; matmul writes a new tensor.")

@@ -1,0 +1,79 @@
+"""Week 4 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+import pytest
+
+from conftest import replace_once
+
+pytestmark = pytest.mark.slow
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    result, checks = grade_lab("week04")
+    assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
+    for check in checks.values():
+        assert check.status == ("passed" if machine.satisfies(check.needs) else "blocked"), (check.id, check.message)
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week04", source="starter", stamp=False)
+    assert not result.complete
+    assert all(c.status == "failed" for c in checks.values()), {c.id: c.status for c in checks.values()}
+    assert "answer 'view' or 'copy'" in checks["views-predict"].message
+    assert "swap two dims with as_strided" in checks["views-transpose-no-copy"].message
+    assert "derive and compute the gradients" in checks["autograd-gradcheck"].message \
+        or "compute the norm" in checks["autograd-gradcheck"].message
+
+
+VARIANTS = {
+    "views.py": {
+        # the swap is right, then .contiguous() copies it out of x's storage
+        "transpose that copies": ("views-transpose-no-copy", replace_once(
+            "return x.as_strided(size, stride, x.storage_offset())",
+            "return x.as_strided(size, stride, x.storage_offset()).contiguous()")),
+        "transpose through torch.transpose": ("views-transpose-no-copy", replace_once(
+            "return x.as_strided(size, stride, x.storage_offset())", "return x.transpose(dim0, dim1)")),
+        "windows forget the storage offset": ("views-sliding-window", replace_once(
+            "(step * x.stride(0), x.stride(0)), x.storage_offset())", "(step * x.stride(0), x.stride(0)), 0)")),
+        "windows assume stride 1": ("views-sliding-window", replace_once(
+            "(step * x.stride(0), x.stride(0))", "(step, 1)")),
+        "contiguity checks the stride of size-1 dims": ("views-strides", replace_once(
+            "if size != 1 and step != expected:", "if step != expected:")),
+        "a wrong prediction": ("views-predict", replace_once('"x.contiguous()": "view"', '"x.contiguous()": "copy"')),
+    },
+    "rmsnorm_function.py": {
+        "gradient off by a factor": ("autograd-gradcheck", replace_once(
+            "return grad_x, grad_weight, None", "return grad_x, 2 * grad_weight, None")),
+        "sum where the mean belongs": ("autograd-gradcheck", replace_once(
+            "(g * x_hat).mean(-1, keepdim=True)", "(g * x_hat).sum(-1, keepdim=True)")),
+        "autograd instead of the Function": ("autograd-gradcheck", replace_once(
+            "return RMSNormFunction.apply(x, weight, eps)",
+            "return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight")),
+        "eps outside the square root": ("autograd-matches-unfused", replace_once(
+            "rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
+            "rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) + eps")),
+    },
+    "blocks.py": {
+        "attention without the causal mask": ("block-attention", replace_once(
+            'probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)', "probs = scores.softmax(dim=-1)")),
+        "attention without the 1/sqrt(d) scale": ("block-attention", replace_once(
+            "(q @ k.transpose(-2, -1)) / math.sqrt(head_dim)", "q @ k.transpose(-2, -1)")),
+        "softmax without subtracting the max": ("block-attention", replace_once(
+            'probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)',
+            'e = scores.masked_fill(future, float("-inf")).exp()\n        probs = e / e.sum(-1, keepdim=True)')),
+        "attention by the library": ("block-attention", replace_once(
+            "y = probs @ v", "y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)")),
+        "tanh-approximated GELU": ("block-mlp", replace_once(
+            "0.5 * h * (1 + torch.erf(h / math.sqrt(2)))",
+            "0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))")),
+        "q strides written as if contiguous": ("block-layouts", replace_once(
+            '"q": ((B, H, T, D), (T * 3 * C, D, 3 * C, 1))', '"q": ((B, H, T, D), (H * T * D, T * D, D, 1))')),
+    },
+}
+CASES = [(file, name) for file, variants in VARIANTS.items() for name in variants]
+
+
+@pytest.mark.parametrize("file,name", CASES, ids=[name for _, name in CASES])
+def test_wrong_variant_fails_its_check(grade_lab, file, name):
+    check_id, edit = VARIANTS[file][name]
+    result, checks = grade_lab("week04", edits={file: edit})
+    assert checks[check_id].status == "failed", (name, checks[check_id].status, checks[check_id].message)
+    assert not result.complete
