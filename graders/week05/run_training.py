@@ -1,0 +1,89 @@
+"""Runs the learner's training code in a process of its own, for the week-5 graders (not a test file).
+
+  python run_training.py train LEARNER RUN_DIR STEPS SAVE_EVERY DEVICE PRECISION FINAL
+      calls train(); prints one JSON line per step, flushed, so the grader can SIGKILL it at a step of its
+      choosing; at a normal end writes FINAL: the live state after training (model, optimiser, scheduler,
+      data position, every RNG), read from the objects train() returned, never from the learner's checkpoint.
+  python run_training.py kill-while-saving LEARNER CHECKPOINT MARKER
+      saves a first state, then a second one holding an object that SIGKILLs the process while it is being
+      serialised; writes MARKER if anything opened CHECKPOINT itself for writing.
+A NotImplementedError in the learner's code ends the process with code 2 and its message on stderr.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+NOT_WRITTEN = 2
+
+
+def _train(learner, run_dir, steps, save_every, device, precision, final):
+    torch.set_num_threads(1)  # one thread: CPU kernels then sum in one fixed order, run after run
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    import train
+
+    def on_step(step, loss, inputs):
+        digest = hashlib.sha1(inputs.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+        print(json.dumps({"step": int(step), "loss": float(loss).hex(), "inputs": digest}), flush=True)
+
+    result = train.train(run_dir, int(steps), save_every=int(save_every), device=device, precision=precision,
+                         on_step=on_step)
+    if not (isinstance(result, tuple) and len(result) == 4):
+        raise TypeError(f"train() returned {type(result).__name__}; it must return "
+                        "(model, optimizer, scheduler, batches)")
+    model, optimizer, scheduler, batches = result
+    torch.save({
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "data": batches.state_dict(), "python": random.getstate(), "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device == "cuda" else [],
+    }, final)
+
+
+class _KillWhileSerialised:
+    """Pickling this object SIGKILLs the process: a crash in the middle of writing a checkpoint."""
+
+    def __reduce_ex__(self, protocol):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_while_saving(learner, checkpoint, marker):
+    import train
+
+    checkpoint = os.path.abspath(checkpoint)
+    train.save_checkpoint({"step": 1, "payload": torch.arange(1000.0)}, Path(checkpoint))
+
+    def watch(event, args):
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            mode, flags = args[1], args[2]
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                (isinstance(flags, int) and flags > 0 and flags & (os.O_WRONLY | os.O_RDWR))
+            if writes and os.path.abspath(os.fsdecode(args[0])) == checkpoint and not os.path.exists(marker):
+                fd = os.open(marker, os.O_WRONLY | os.O_CREAT)
+                os.close(fd)
+
+    sys.addaudithook(watch)
+    train.save_checkpoint({"step": 2, "payload": torch.zeros(1000), "crash": _KillWhileSerialised()},
+                          Path(checkpoint))
+
+
+def main(argv):
+    mode, learner, *rest = argv
+    sys.path.insert(0, learner)
+    try:
+        {"train": _train, "kill-while-saving": _kill_while_saving}[mode](learner, *rest)
+    except NotImplementedError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return NOT_WRITTEN
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

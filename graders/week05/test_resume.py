@@ -1,0 +1,250 @@
+"""Week 5 resume: an uninterrupted run against one SIGKILLed at a random step and resumed from its checkpoint.
+
+Both runs use the learner's own train(); what is compared is what each process reports per step (loss,
+a digest of the batch) and the live state the driver reads from the objects train() returned.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from infracourse.guard import LabCheckFailed
+
+DRIVER = Path(__file__).with_name("run_training.py")
+STEPS, SAVE_EVERY = 24, 3
+NOT_WRITTEN = 2  # run_training.py's exit code for a NotImplementedError
+BF16_LOSS_RTOL = 1e-3
+
+
+@dataclass
+class Run:
+    steps: list[dict] = field(default_factory=list)  # {"step", "loss" (float.hex), "inputs" (digest)}
+    final: dict | None = None
+
+
+@dataclass
+class KillAndResume:
+    full: Run
+    killed: Run
+    resumed: Run
+    kill_at: int
+    seed: int
+
+    def where(self) -> str:
+        return f"(killed after step {self.kill_at}, seed {self.seed})"
+
+
+def _train_process(learner_dir: Path, run_dir: Path, device: str, precision: str, final: Path, log: Path):
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
+    command = [sys.executable, str(DRIVER), "train", str(learner_dir), str(run_dir), str(STEPS), str(SAVE_EVERY),
+               device, precision, str(final)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
+
+
+def _step_line(text: str) -> dict | None:
+    try:
+        line = json.loads(text)
+    except ValueError:
+        return None  # the learner's own prints
+    return line if isinstance(line, dict) and "step" in line else None
+
+
+def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
+    out, _ = proc.communicate(timeout=300)
+    run.steps += [line for text in out.splitlines() if (line := _step_line(text))]
+    error = log.read_text(errors="replace").strip()
+    if proc.returncode == NOT_WRITTEN:
+        raise NotImplementedError(error.splitlines()[-1] if error else "train.py")
+    if final is not None:
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {what} crashed (exit code {proc.returncode}):\n{error[-1500:]}")
+        run.final = torch.load(final, weights_only=False)
+    return run
+
+
+def kill_and_resume(learner_dir: Path, work: Path, device: str, precision: str, seed: int) -> KillAndResume:
+    kill_at = random.Random(seed).randint(2 * SAVE_EVERY, STEPS - 2)
+    for name in ("full", "interrupted"):
+        (work / name).mkdir(parents=True)
+    # the uninterrupted run and the one to be killed are independent: run them side by side
+    uninterrupted = _train_process(learner_dir, work / "full", device, precision, work / "full.pt",
+                                   work / "full.log")
+    proc = _train_process(learner_dir, work / "interrupted", device, precision, work / "x.pt", work / "killed.log")
+    killed = Run()
+    for text in proc.stdout:
+        if (line := _step_line(text)) is not None:
+            killed.steps.append(line)
+            if line["step"] >= kill_at:
+                os.kill(proc.pid, signal.SIGKILL)  # whatever it is doing now: stepping, or writing a checkpoint
+                break
+    _finish(proc, work / "killed.log", "run to be interrupted", None, killed)
+    full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
+    if not killed.steps or killed.steps[-1]["step"] < kill_at:
+        raise RuntimeError(f"the run to be interrupted ended before step {kill_at} (exit code {proc.returncode}):\n"
+                           + (work / "killed.log").read_text(errors="replace")[-1500:])
+
+    proc = _train_process(learner_dir, work / "interrupted", device, precision, work / "resumed.pt",
+                          work / "resumed.log")
+    resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
+    return KillAndResume(full, killed, resumed, kill_at, seed)
+
+
+def first_difference(a, b, path: str = "") -> str | None:
+    """Where two nested states first differ ('' for the top level), or None when they are identical."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+            and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+        return None if same else path
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return None if np.array_equal(a, b) else path
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                return f"{path}.{key}".lstrip(".")
+            if (where := first_difference(a[key], b[key], f"{path}.{key}")) is not None:
+                return where.lstrip(".")
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return path
+        for i, (x, y) in enumerate(zip(a, b)):
+            if (where := first_difference(x, y, f"{path}[{i}]")) is not None:
+                return where
+        return None
+    return None if a == b else path
+
+
+@pytest.fixture(scope="module")
+def runs(learner, seed, tmp_path_factory) -> KillAndResume:
+    return kill_and_resume(learner.root, tmp_path_factory.mktemp("resume"), "cpu", "fp32", seed)
+
+
+def _first_loss_mismatch(runs: KillAndResume, rtol: float = 0.0) -> str | None:
+    reference = {line["step"]: float.fromhex(line["loss"]) for line in runs.full.steps}
+    for part, run in (("before the kill", runs.killed), ("after resuming", runs.resumed)):
+        for line in run.steps:
+            want, got = reference.get(line["step"]), float.fromhex(line["loss"])
+            if want is None or abs(got - want) > rtol * abs(want):
+                return (f"step {line['step']} {part}: loss {got!r}, uninterrupted run {want!r} "
+                        f"(allowed difference {rtol:g} relative)")
+    return None
+
+
+@pytest.mark.check("resume-losses")
+def test_losses(runs, record):
+    if len(runs.full.steps) != STEPS:
+        raise LabCheckFailed(f"the uninterrupted run reported {len(runs.full.steps)} steps, expected {STEPS}: "
+                             "call on_step once after every optimiser step")
+    mismatch = _first_loss_mismatch(runs)
+    record("kill step", runs.kill_at)
+    if mismatch:
+        raise LabCheckFailed(
+            f"{mismatch} {runs.where()}. On CPU with one thread and deterministic algorithms every loss must be "
+            "bit-identical. A difference before the kill means the run itself is not reproducible (seed Python, "
+            "NumPy and torch at the start); after resuming, something that shapes the step was not restored.")
+
+
+@pytest.mark.check("resume-step")
+def test_step(runs):
+    steps = [line["step"] for line in runs.resumed.steps]
+    if not steps or steps[0] == 1:
+        raise LabCheckFailed(f"the resumed run started again from step 1 {runs.where()}: train() must load "
+                             "run_dir/checkpoint.pt when it exists and continue after the step it holds")
+    last_before_kill = runs.killed.steps[-1]["step"]
+    if steps[0] > last_before_kill + 1:
+        raise LabCheckFailed(f"the resumed run began at step {steps[0]}, but the killed run had only finished step "
+                             f"{last_before_kill} {runs.where()}: steps were skipped")
+    if steps != list(range(steps[0], STEPS + 1)):
+        raise LabCheckFailed(f"after resuming the steps ran {steps[:3]}...{steps[-3:]}; expected every step from "
+                             f"{steps[0]} to {STEPS} once, in order")
+    for name, run in (("uninterrupted", runs.full), ("resumed", runs.resumed)):
+        counts = {float(s["step"]) for s in run.final["optimizer"]["state"].values()}
+        if counts != {float(STEPS)}:
+            raise LabCheckFailed(
+                f"the {name} run's optimiser took {sorted(counts)} steps, expected {STEPS} {runs.where()}. "
+                "A checkpoint saved after step s must resume at step s + 1: save the number of finished steps.")
+
+
+@pytest.mark.check("resume-optimizer")
+def test_optimizer(runs):
+    for part in ("model", "optimizer"):
+        a, b = runs.full.final[part], runs.resumed.final[part]
+        if part == "optimizer":
+            a, b = a["state"], b["state"]  # param_groups carry the learning rate: resume-schedule's concern
+        if (where := first_difference(a, b)) is not None:
+            raise LabCheckFailed(
+                f"after resuming, the {part} state differs from the uninterrupted run's at {part}.{where} "
+                f"{runs.where()}. Save optimizer.state_dict() (Adam's exp_avg, exp_avg_sq and step per parameter) "
+                "with the weights, and load both before the first resumed step.")
+
+
+@pytest.mark.check("resume-schedule")
+def test_schedule(runs):
+    a, b = runs.full.final, runs.resumed.final
+    if (where := first_difference(a["scheduler"], b["scheduler"])) is not None:
+        raise LabCheckFailed(
+            f"after resuming, the learning-rate scheduler differs at scheduler.{where}: last_epoch "
+            f"{b['scheduler'].get('last_epoch')} against {a['scheduler'].get('last_epoch')} uninterrupted "
+            f"{runs.where()}. Save scheduler.state_dict() and load it, or the schedule restarts its warm-up.")
+    lrs = [[g["lr"] for g in run["optimizer"]["param_groups"]] for run in (a, b)]
+    if lrs[0] != lrs[1]:
+        raise LabCheckFailed(f"the final learning rate is {lrs[1]} after resuming, {lrs[0]} uninterrupted")
+
+
+RNG_HINT = {"python": "random.getstate() / random.setstate()", "numpy": "np.random.get_state() / set_state()",
+            "torch": "torch.get_rng_state() / torch.set_rng_state()",
+            "cuda": "torch.cuda.get_rng_state_all() / set_rng_state_all()"}
+
+
+def require_same_rng(runs: KillAndResume) -> None:
+    for name, how in RNG_HINT.items():
+        if first_difference(runs.full.final[name], runs.resumed.final[name]) is not None:
+            raise LabCheckFailed(
+                f"after resuming, the {name} random generator is not where the uninterrupted run's is "
+                f"{runs.where()}. The data stream draws from it, so the resumed run sees other batches. Save it "
+                f"in the checkpoint and restore it ({how}).")
+
+
+@pytest.mark.check("resume-rng")
+def test_rng(runs):
+    require_same_rng(runs)
+
+
+def require_same_data(runs: KillAndResume) -> None:
+    reference = {line["step"]: line["inputs"] for line in runs.full.steps}
+    for line in runs.resumed.steps:
+        if reference.get(line["step"]) != line["inputs"]:
+            raise LabCheckFailed(f"step {line['step']} after resuming trained on a different batch than the "
+                                 f"uninterrupted run {runs.where()}: data order or position was not restored")
+    a, b = runs.full.final["data"], runs.resumed.final["data"]
+    if (where := first_difference(a, b)) is not None:
+        raise LabCheckFailed(
+            f"after resuming, the data stream's state differs at data.{where} (epoch {b.get('epoch')}, position "
+            f"{b.get('position')}; uninterrupted: epoch {a.get('epoch')}, position {a.get('position')}) "
+            f"{runs.where()}. Save batches.state_dict() and load it.")
+
+
+@pytest.mark.check("resume-data")
+def test_data(runs):
+    require_same_data(runs)
+
+
+@pytest.mark.check("resume-bf16")
+def test_bf16_on_gpu(learner, seed, tmp_path_factory, record):
+    runs = kill_and_resume(learner.root, tmp_path_factory.mktemp("resume-bf16"), "cuda", "bf16", seed)
+    mismatch = _first_loss_mismatch(runs, rtol=BF16_LOSS_RTOL)
+    if mismatch:
+        raise LabCheckFailed(f"bf16 autocast on the GPU: {mismatch} {runs.where()}")
+    require_same_rng(runs)
+    require_same_data(runs)
+    record("kill step", runs.kill_at)

@@ -1,0 +1,58 @@
+"""Week 5 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+import pytest
+
+from conftest import replace_once
+
+pytestmark = pytest.mark.slow
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    result, checks = grade_lab("week05")
+    assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
+    for check in checks.values():
+        assert check.status == ("passed" if machine.satisfies(check.needs) else "blocked"), (check.id, check.message)
+    if not machine.gpu_count:
+        assert "needs a CUDA GPU" in checks["resume-bf16"].message
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week05", source="starter", stamp=False)
+    assert not result.complete
+    assert checks["resume-losses"].status == "failed"
+    assert "write the training loop" in checks["resume-losses"].message
+    assert checks["checkpoint-atomic"].status == "failed"
+    assert "write the state atomically" in checks["checkpoint-atomic"].message
+    assert checks["report"].status == "failed"
+
+
+VARIANTS = {
+    "forgets the RNG state": ("resume-rng", replace_once(
+        '    random.setstate(rng["python"])\n    np.random.set_state(rng["numpy"])\n'
+        '    torch.set_rng_state(rng["torch"])\n', "")),
+    "forgets NumPy's generator": ("resume-rng", replace_once('    np.random.set_state(rng["numpy"])\n', "")),
+    "forgets the scheduler": ("resume-schedule", replace_once(
+        '    scheduler.load_state_dict(state["scheduler"])\n', "")),
+    "forgets the data position": ("resume-data", replace_once('    batches.load_state_dict(state["data"])\n', "")),
+    "forgets the optimizer state": ("resume-optimizer", replace_once(
+        '    optimizer.load_state_dict(state["optimizer"])\n', "")),
+    "repeats the checkpointed step": ("resume-step", replace_once('return state["step"]', 'return state["step"] - 1')),
+    "restarts instead of resuming": ("resume-step", replace_once("if path.exists() else 0", "if False else 0")),
+    # torch.save straight onto the checkpoint: it truncates the file before writing
+    "non-atomic write": ("checkpoint-atomic", replace_once(
+        "    with open(tmp, \"wb\") as f:\n        torch.save(state, f)\n        f.flush()\n"
+        "        os.fsync(f.fileno())  # the bytes are on disk before the name points at them\n"
+        "    os.replace(tmp, path)", "    torch.save(state, path)")),
+    # serialised in memory first, so the kill misses the file, but then written over the checkpoint in place
+    "writes the bytes over the checkpoint": ("checkpoint-atomic", replace_once(
+        "    with open(tmp, \"wb\") as f:\n        torch.save(state, f)\n",
+        "    import io\n    buffer = io.BytesIO()\n    torch.save(state, buffer)\n"
+        "    with open(path, \"wb\") as f:\n        f.write(buffer.getvalue())\n")),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, edit = VARIANTS[name]
+    result, checks = grade_lab("week05", edits={"train.py": edit})
+    assert checks[check_id].status == "failed", (name, checks[check_id].status, checks[check_id].message)
+    assert not result.complete
