@@ -1,0 +1,60 @@
+"""Week 6 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+import pytest
+
+from conftest import replace_once
+
+pytestmark = pytest.mark.slow
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    result, checks = grade_lab("week06")
+    assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
+    for check in checks.values():
+        assert check.status == ("passed" if machine.satisfies(check.needs) else "blocked"), (check.id, check.message)
+    if not machine.gpu_count:
+        assert "needs a CUDA GPU" in checks["memory-gpu-peak"].message
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week06", source="starter", stamp=False)
+    assert not result.complete
+    for check_id in ("memory-params", "memory-grads", "memory-optimizer", "memory-activations"):
+        assert checks[check_id].status == "failed"
+        assert "count the bytes of each part" in checks[check_id].message
+    # the starter runs the provided step: right results, with its sync and its copy
+    assert checks["step-correct"].status == "passed"
+    assert "_local_scalar_dense" in checks["profile-no-sync"].message
+    assert "aten::cat" in checks["profile-no-copy"].message
+
+
+VARIANTS = {
+    "memory.py": {
+        "Adam states counted once": ("memory-optimizer", replace_once("else 2 * e * n", "else e * n")),
+        "fp32 master weights forgotten": ("memory-optimizer", replace_once("3 * 4 * n if", "2 * 4 * n if")),
+        "tied head counted twice": ("memory-params", replace_once(
+            "return cfg.vocab_size * C +", "return 2 * cfg.vocab_size * C +")),
+        "bf16 gradients counted as fp32": ("memory-grads", replace_once('"grads": e * n', '"grads": 4 * n')),
+        "log-softmax output left out": ("memory-activations", replace_once(
+            "head = norm + e * B * T * V", "head = norm")),
+    },
+    "step.py": {
+        "loss read with .item() every step": ("profile-no-sync", replace_once(
+            'metrics.get("loss_sum", 0.0) + loss.detach()', 'metrics.get("loss_sum", 0.0) + loss.item()')),
+        "gradients concatenated for the norm": ("profile-no-copy", replace_once(
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM, foreach=True)\n",
+            "    grads = [p.grad for p in model.parameters()]\n"
+            "    norm = torch.cat([g.flatten() for g in grads]).norm()\n"
+            "    torch._foreach_mul_(grads, (MAX_GRAD_NORM / (norm + 1e-6)).clamp(max=1.0))\n")),
+        "clipping dropped": ("step-correct", replace_once(
+            "    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM, foreach=True)\n", "")),
+    },
+}
+CASES = [(file, name) for file, variants in VARIANTS.items() for name in variants]
+
+
+@pytest.mark.parametrize("file,name", CASES, ids=[name for _, name in CASES])
+def test_wrong_variant_fails_its_check(grade_lab, file, name):
+    check_id, edit = VARIANTS[file][name]
+    result, checks = grade_lab("week06", edits={file: edit})
+    assert checks[check_id].status == "failed", (name, checks[check_id].status, checks[check_id].message)
+    assert not result.complete
