@@ -1,0 +1,192 @@
+"""Week 10 correctness: forward and gradients against autograd of the unfused ops, edge inputs, masks, own
+kernels, and the norm plugged into the course's GPT."""
+import pytest
+import torch
+
+from infracourse.compare import assert_close, relative_error
+from infracourse.guard import LabCheckFailed, fenced, require_plain_tensor, run_watched
+from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (rows, hidden) and (batch, seq, hidden): hidden sizes that are no power of two, one row, 3-D activations
+SHAPES = [(1, 1), (3, 33), (17, 127), (8, 1000), (2, 5, 64), (4, 3, 257)]
+# Gradient error allowed per element: bound x (|reference| + rms of its row), so that elements near zero
+# (dx cancels where dy*w ~ x_hat * mean(dy*w*x_hat)) are judged on the row's scale. fp16/bf16 gradients carry
+# their own rounding (5e-4, 4e-3 to 8e-3 when rounding truncates).
+GRAD_BOUNDS = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+SCALE = 2.5  # inputs of rms 2.5, so 1/rms is not 1 and a dropped factor of rstd shows
+
+
+def _name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def make_inputs(shape, dtype, device, weight_dtype=None):
+    x = (torch.randn(shape, device=device) * SCALE).to(dtype)
+    weight = (1 + 0.5 * torch.randn(shape[-1], device=device)).to(weight_dtype or dtype)
+    return x, weight
+
+
+def check_forward(rms, x, weight, reference, what, eps=None):
+    args = (x, weight) if eps is None else (x, weight, eps)
+    out = run_watched(rms.rms_norm, *args, name="rms_norm", require_kernel=False)
+    require_plain_tensor(out, like=x, what=f"rms_norm output for {what} (x's shape and dtype)")
+    expected = reference(x, weight) if eps is None else reference(x, weight, eps=eps)
+    assert_close(out, expected, what=f"rms_norm for {what}")
+
+
+def require_grad_close(actual, expected, like, what):
+    """Each element within GRAD_BOUNDS[dtype] x (|reference| + rms of the reference's row)."""
+    require_plain_tensor(actual, like=like, what=what)
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if not torch.isfinite(a).all():
+        raise LabCheckFailed(f"{what}: NaN or inf in your gradient (the reference is finite): a load past the end "
+                             "of a row, an element never written, or squares overflowing below fp32")
+    bound = GRAD_BOUNDS[actual.dtype] * (e.abs() + e.pow(2).mean(-1, keepdim=True).sqrt())
+    bad = (a - e).abs() > bound
+    if bad.any():
+        where = tuple(torch.nonzero(bad)[0].tolist())
+        raise LabCheckFailed(
+            f"{what}: {int(bad.sum())} of {a.numel()} elements off (relative error {relative_error(a, e):.2e}); first "
+            f"at index {list(where)}: yours {a[where].item():.6g}, autograd of the unfused ops {e[where].item():.6g}. "
+            "With x_hat = x * rstd and g = dy * w: dx = rstd * (g - x_hat * mean(g * x_hat)) over each row, "
+            "dw = sum over all rows of dy * x_hat, both in fp32.")
+
+
+def gradients(rms, x, weight, dy, eps=None):
+    """(y, dx, dw) from the learner's rms_norm through torch.autograd."""
+    x = x.detach().requires_grad_()
+    weight = weight.detach().requires_grad_()
+    y = rms.rms_norm(x, weight) if eps is None else rms.rms_norm(x, weight, eps)
+    dx, dw = torch.autograd.grad(y, (x, weight), dy)
+    return y, dx, dw
+
+
+def check_backward(rms, x, weight, dy, reference, what, eps=None):
+    y, dx, dw = gradients(rms, x, weight, dy, eps)
+    _, dx_ref, dw_ref = reference(x, weight, dy) if eps is None else reference(x, weight, dy, eps=eps)
+    require_grad_close(dx, dx_ref, x, f"dx for {what}")
+    require_grad_close(dw, dw_ref, weight, f"dw for {what}")
+
+
+@pytest.mark.check("forward-correct")
+def test_forward_correct(rms, device, seed, reference):
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            x, weight = make_inputs(shape, dtype, device)
+            check_forward(rms, x, weight, reference, f"x {shape} {_name(dtype)} (seed {seed})")
+            if dtype != torch.float32:  # mixed precision: fp32 weights, half activations; y keeps x's dtype
+                x, weight = make_inputs(shape, dtype, device, weight_dtype=torch.float32)
+                check_forward(rms, x, weight, reference, f"x {shape} {_name(dtype)} with an fp32 weight (seed {seed})")
+
+
+@pytest.mark.check("backward-correct")
+def test_backward_correct(rms, device, seed, reference):
+    for dtype in DTYPES:
+        for shape in SHAPES[1:]:  # hidden size 1 makes dx a cancellation of two equal terms: no fair test
+            x, weight = make_inputs(shape, dtype, device)
+            dy = torch.randn(shape, device=device).to(dtype)
+            check_backward(rms, x, weight, dy, reference, f"x {shape} {_name(dtype)} (seed {seed})")
+        # layouts autograd hands over in a real model: a sliced x and a transposed (non-contiguous) dy
+        base = (torch.randn(9, 140, device=device) * SCALE).to(dtype)
+        weight = (1 + 0.5 * torch.randn(129, device=device)).to(dtype)
+        dy = torch.randn(129, 9, device=device).to(dtype).t()
+        check_backward(rms, base[:, 5:134], weight, dy, reference,
+                       f"a sliced x (row stride 140, hidden 129) and a transposed dy, {_name(dtype)} (seed {seed})")
+
+
+@pytest.mark.check("edge-inputs")
+def test_edge_inputs(rms, device, reference):
+    # fp16 values of 600: their squares (3.6e5) overflow fp16, not fp32
+    x, weight = make_inputs((4, 257), torch.float16, device)
+    x = (x.float() / SCALE * 600).to(torch.float16)
+    dy = torch.randn(4, 257, device=device).to(torch.float16)
+    check_forward(rms, x, weight, reference, "fp16 values near 600 (x^2 overflows fp16: square in fp32)")
+    check_backward(rms, x, weight, dy, reference, "fp16 values near 600")
+    # a row of zeros (rstd = 1/sqrt(eps)) and rows far smaller than sqrt(eps), where eps decides the scale
+    x, weight = make_inputs((5, 100), torch.float32, device)
+    x[1] = 0
+    x[3] *= 1e-5
+    dy = torch.randn(5, 100, device=device)
+    check_forward(rms, x, weight, reference, "fp32 rows of zeros and of 1e-5 (eps inside the square root)")
+    check_backward(rms, x, weight, dy, reference, "fp32 rows of zeros and of 1e-5")
+    # the eps argument, passed positionally
+    x, weight = make_inputs((6, 48), torch.float32, device)
+    x *= 0.05
+    check_forward(rms, x, weight, reference, "eps=1e-2 on small fp32 values (use the eps you are given)", eps=1e-2)
+    check_backward(rms, x, weight, torch.randn(6, 48, device=device), reference, "eps=1e-2", eps=1e-2)
+
+
+def _backward_node(y, what):
+    """The learner's autograd.Function node behind y: calling its apply() runs their backward right here."""
+    node = y.grad_fn
+    if not isinstance(node, torch.autograd.function.BackwardCFunction):
+        made_by = type(node).__name__ if node is not None else "nothing (no grad_fn)"
+        raise LabCheckFailed(
+            f"{what}: its grad_fn is {made_by}, so autograd differentiates torch ops, not your backward kernel. "
+            "Write a torch.autograd.Function whose forward and backward launch your kernels, and return "
+            "YourFunction.apply(x, weight, eps) as it is (do any reshaping inside forward and backward).")
+    return node
+
+
+def check_watched_backward(rms, x, weight, dy, reference, what, require_kernel=False):
+    """Run the learner's backward itself under watch (poisoned outputs, recorded ops) and check its grads."""
+    y = rms.rms_norm(x.detach().requires_grad_(), weight.detach().requires_grad_())
+    node = _backward_node(y, f"rms_norm's output for {what}")
+    grads = run_watched(node.apply, dy, name="rms_norm's backward", require_kernel=require_kernel,
+                        replaces="torch ops for the gradient arithmetic (mul, sum, mean, ...)")
+    if not isinstance(grads, tuple) or len(grads) < 2:
+        raise LabCheckFailed(f"your backward returned {type(grads).__name__}; return (dx, dw, None): one gradient "
+                             "per input of forward (x, weight, eps)")
+    _, dx_ref, dw_ref = reference(x, weight, dy)
+    require_grad_close(grads[0], dx_ref, x, f"dx for {what}")
+    require_grad_close(grads[1], dw_ref, weight, f"dw for {what}")
+
+
+@pytest.mark.check("masks")
+def test_masks(rms, device, reference):
+    # x, weight and dy sit between NaN fences and outputs between canaries: a load past the end of a row
+    # reads the next row (or NaN after the last), a store past it changes a neighbour or a canary.
+    for rows, cols in [(3, 33), (7, 127), (5, 1000), (2, 1)]:
+        x, weight = (fenced(t) for t in make_inputs((rows, cols), torch.float32, device))
+        dy = fenced(torch.randn(rows, cols, device=device))
+        what = f"x ({rows}, {cols}) fp32 with fenced inputs"
+        check_forward(rms, x, weight, reference, what)
+        if cols > 1:
+            check_watched_backward(rms, x, weight, dy, reference, what)
+
+
+@pytest.mark.check("kernel-did-work")
+def test_kernel_did_work(rms, device, reference):
+    x, weight = make_inputs((16, 96), torch.float32, device)
+    run_watched(rms.rms_norm, x.requires_grad_(), weight.requires_grad_(), name="rms_norm",
+                replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
+    check_watched_backward(rms, x, weight, torch.randn(16, 96, device=device), reference, "x (16, 96) fp32",
+                           require_kernel=True)
+
+
+@pytest.mark.check("model-integration")
+def test_model_integration(rms, device, seed):
+    # The course's GPT with the default (unfused) RMSNorm and with yours: same seed, same batch, one step.
+    cfg = GPTConfig(seq_len=16)
+    idx, targets = synthetic_batch(cfg, 2, seed=seed, device=device)
+    losses, grads = {}, {}
+    for name, norm_fn in (("unfused", None), ("yours", rms.rms_norm)):
+        model = GPT(cfg, seed=seed % 1000, norm_fn=norm_fn).to(device)
+        _, loss = model(idx, targets)
+        loss.backward()
+        losses[name] = loss.item()
+        grads[name] = {n: p.grad for n, p in model.named_parameters()}
+    if not abs(losses["yours"] - losses["unfused"]) <= 1e-5 * abs(losses["unfused"]):
+        raise LabCheckFailed(f"GPT loss with your rms_norm is {losses['yours']:.7g}, with the unfused norm "
+                             f"{losses['unfused']:.7g} (seed {seed}): plug-in must not change the model")
+    for name, expected in grads["unfused"].items():
+        got = grads["yours"][name]
+        if got is None:
+            raise LabCheckFailed(f"GPT with your rms_norm: {name} received no gradient; return dx and dw from "
+                                 "your backward (and None for eps)")
+        err = relative_error(got, expected)
+        if not err <= 1e-4:
+            raise LabCheckFailed(f"GPT with your rms_norm: the gradient of {name} differs from the unfused model's "
+                                 f"(relative error {err:.2e} > 1e-4, seed {seed})")

@@ -1,0 +1,89 @@
+"""Week 10 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+import pytest
+
+from conftest import replace_once
+
+pytestmark = pytest.mark.slow
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    result, checks = grade_lab("week10")
+    assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
+    for check in checks.values():
+        expected = "passed" if machine.satisfies(check.needs) else "blocked"
+        assert check.status == expected, (check.id, check.message)
+    if not machine.gpu_count:
+        assert "needs a CUDA GPU" in checks["end-to-end"].message
+    else:  # the reference solution's targets on the H200: >= 85 % of copy bandwidth, faster than F.rms_norm
+        for figure in checks["forward-bandwidth"].figures.values():
+            assert figure["fraction_of_ceiling"] >= 0.85, checks["forward-bandwidth"].figures
+        for figure in checks["forward-vs-torch"].figures.values():
+            assert figure["value"] >= 1.0, checks["forward-vs-torch"].figures
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week10", source="starter", stamp=False)
+    assert not result.complete
+    assert checks["forward-correct"].status == "failed"
+    assert "write _forward_kernel" in checks["forward-correct"].message
+    assert checks["model-integration"].status == "failed"
+    assert checks["report"].status == "failed"
+
+
+BACKWARD_DX = "dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))"
+VARIANTS = {
+    # dx through the direct path only: the path through rstd (the mean term) is forgotten
+    "gradient without the mean term": ("backward-correct", replace_once(BACKWARD_DX, "dx = rstd * g")),
+    # dx off by a factor of rstd (invisible when rms(x) happens to be 1)
+    "gradient off by a factor": ("backward-correct", replace_once(
+        BACKWARD_DX, "dx = g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols)")),
+    # dw takes only the first program's share of the rows
+    "dw not reduced across programs": ("backward-correct", replace_once(
+        "(partial, dw, programs, n,", "(partial, dw, 1, n,")),
+    # the kernel runs, torch ops give the answer
+    "forward computed with torch ops": ("kernel-did-work", replace_once(
+        "        return y.view(x.shape)",
+        "        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)")),
+    "dw summed with torch": ("kernel-did-work", replace_once(
+        "        _column_sum_kernel[(triton.cdiv(n, 64),)](partial, dw, programs, n, BLOCK_ROWS=32, BLOCK_COLS=64)",
+        "        dw.copy_(partial.sum(0))")),
+    # the row's tail lanes load past the row's end (the next row, or past the tensor)
+    "no mask on the forward load": ("masks", replace_once(
+        "x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)\n"
+        "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n    rstd",
+        "x = tl.load(x_ptr + row * stride_x + cols).to(tl.float32)\n"
+        "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n    rstd")),
+    # the backward stores dx past the row's end
+    "no mask on the dx store": ("masks", replace_once(
+        "dx.to(dx_ptr.dtype.element_ty), mask=mask)", "dx.to(dx_ptr.dtype.element_ty))")),
+    # squares taken in the input dtype: fp16 values of 600 overflow
+    "no upcast before squaring": ("edge-inputs", replace_once(
+        "x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)\n"
+        "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n    rstd",
+        "x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)\n"
+        "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n    rstd")),
+    # eps added after the square root: the same result on ordinary rows, not on small ones
+    "eps outside the square root": ("edge-inputs", replace_once(
+        "rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)",
+        "rstd = 1.0 / (tl.sqrt(tl.sum(x * x, axis=0) / n_cols) + eps)")),
+}
+
+
+# Wrong only on a GPU: the interpreter has no bandwidth to lose.
+GPU_VARIANTS = {
+    # y written in fp32 and converted afterwards: an extra copy, three times the traffic for bf16
+    "fp32 output then a copy": ("forward-bandwidth", lambda text: replace_once(
+        "        return y.view(x.shape)", "        return y.view(x.shape).to(x.dtype)")(replace_once(
+            "y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)",
+            "y = torch.empty(x2.shape, dtype=torch.float32, device=x.device)")(text))),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS) + list(GPU_VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, machine, name):
+    if name in GPU_VARIANTS and not machine.gpu_count:
+        pytest.skip("wrong only on a GPU")
+    check_id, edit = {**VARIANTS, **GPU_VARIANTS}[name]
+    result, checks = grade_lab("week10", edits={"rmsnorm.py": edit})
+    assert checks[check_id].status == "failed", (name, checks[check_id].status, checks[check_id].message)
+    assert not result.complete
