@@ -1,0 +1,61 @@
+"""Shared fixtures of the week 3 graders: the model, seeded batches of variable-length sequences (sized so
+compute dominates on this device), and the factor their length distribution allows."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from infracourse.kit.gpt import GPTConfig
+from infracourse.kit.sequences import TokenModel, random_batches
+
+# Per device: model size, number of batches, sequences per batch, and the length distribution.
+SIZES = {
+    "cpu": dict(cfg=GPTConfig(vocab_size=256, d_model=128, n_layer=2), batches=6, batch_size=16,
+                median=24, max_len=256),
+    "cuda": dict(cfg=GPTConfig(vocab_size=4096, d_model=512, n_layer=4), batches=8, batch_size=64,
+                 median=96, max_len=1024),
+}
+
+
+@dataclass
+class Workload:
+    model: TokenModel
+    batches: list
+    padded_tokens: int  # what padding to the longest of each batch computes
+    useful_tokens: int  # the real tokens
+
+    @property
+    def factor(self) -> float:
+        """How much more useful work per second packing allows: computed tokens over useful ones."""
+        return self.padded_tokens / self.useful_tokens
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():
+    # On a small shared machine a second intra-op thread adds wake-up stalls of milliseconds to every op,
+    # which would drown the difference between the schemes in noise.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def workload(device, seed):
+    size = SIZES[device]
+    cfg = size["cfg"]
+    batches = random_batches(size["batches"], size["batch_size"], vocab=cfg.vocab_size, seed=seed, device=device,
+                             median=size["median"], max_len=size["max_len"])
+    return Workload(model=TokenModel(cfg, seed=seed).to(device), batches=batches,
+                    padded_tokens=sum(len(b) * max(len(s) for s in b) for b in batches),
+                    useful_tokens=sum(len(s) for b in batches for s in b))
+
+
+@pytest.fixture(scope="session")
+def schemes(learner):
+    return learner.module("schemes")
+
+
+@pytest.fixture(scope="session")
+def experiment(learner):
+    return learner.module("experiment")

@@ -1,0 +1,137 @@
+"""Week 3: how busy the device is against how much useful work it does, and a latency / throughput /
+concurrency table for a small batching server (reference solution).
+
+`python experiment.py` prints both for padding and packing.
+"""
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from schemes import pack, pad, run
+
+
+def _sync_for(model) -> callable:
+    on_gpu = next(model.parameters()).is_cuda
+    return torch.cuda.synchronize if on_gpu else (lambda: None)
+
+
+def measure(scheme, model, batches: list[list[torch.Tensor]], *, warmup: int = 2) -> dict:
+    """Run every batch through `scheme` after `warmup` untimed batches.
+
+    utilisation: the share of the wall clock the model was computing (what a device's busy counter shows);
+    tokens_per_s: every position computed, padding included; useful_tokens_per_s: real tokens only.
+    """
+    sync = _sync_for(model)
+    for seqs in batches[:warmup]:
+        run(scheme, model, seqs)
+    sync()
+    busy, computed, useful = 0.0, 0, 0
+    start = time.perf_counter()
+    for seqs in batches:
+        tokens, unpack = scheme(seqs)  # preparing the batch: the device waits meanwhile
+        t0 = time.perf_counter()
+        unpack(model(tokens))
+        sync()
+        busy += time.perf_counter() - t0
+        computed += tokens.numel()
+        useful += sum(len(s) for s in seqs)
+    wall = time.perf_counter() - start
+    return {"utilisation": busy / wall, "tokens_per_s": computed / wall, "useful_tokens_per_s": useful / wall,
+            "wall_s": wall}
+
+
+def serve(scheme, model, sequences: list[torch.Tensor], *, concurrency: int, max_batch: int,
+          per_client: int) -> dict:
+    """`concurrency` clients, each sending `per_client` requests one after another (a closed loop), to a
+    server thread that batches up to `max_batch` waiting requests. Latency runs from submitting a request to
+    receiving its answer, queueing included; throughput is requests per second of the whole run."""
+    sync = _sync_for(model)
+    inbox: queue.Queue = queue.Queue()
+
+    def server():
+        while (first := inbox.get()) is not None:
+            batch = [first]
+            while len(batch) < max_batch:
+                try:
+                    batch.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
+            started = time.perf_counter()
+            try:
+                run(scheme, model, [seq for seq, _ in batch])
+                sync()
+            except Exception as exc:  # a client must never wait forever for a batch that failed
+                for _, reply in batch:
+                    reply.set_exception(exc)
+                continue
+            finished = time.perf_counter()
+            for _, reply in batch:
+                reply.set_result((started, finished))
+
+    ready = threading.Barrier(concurrency)
+    window = []  # (first submit, last answer) of each client: the run is the span of all of them
+
+    def client(k: int) -> list[float]:
+        latencies = []
+        ready.wait()  # all clients start together: none runs alone while the others are being created
+        first = time.perf_counter()
+        for i in range(per_client):
+            reply: Future = Future()
+            submitted = time.perf_counter()
+            inbox.put((sequences[(k * per_client + i) % len(sequences)], reply))
+            started, finished = reply.result()  # when the server began and ended this request's batch
+            latencies.append(time.perf_counter() - submitted)  # what the client waited: queueing included
+        window.append((first, time.perf_counter()))
+        return latencies
+
+    worker = threading.Thread(target=server, daemon=True)
+    worker.start()
+    try:
+        with ThreadPoolExecutor(concurrency) as pool:
+            latencies = [x for per in pool.map(client, range(concurrency)) for x in per]
+        wall = max(end for _, end in window) - min(start for start, _ in window)  # thread start-up excluded
+    finally:
+        inbox.put(None)
+        worker.join()
+    return {"concurrency": concurrency, "throughput_rps": len(latencies) / wall,
+            "mean_latency_s": statistics.fmean(latencies), "p99_latency_s": float(np.percentile(latencies, 99))}
+
+
+def latency_table(scheme, model, sequences: list[torch.Tensor], concurrencies: list[int], *, max_batch: int = 4,
+                  per_client: int = 10) -> list[dict]:
+    """One `serve` row per concurrency level."""
+    return [serve(scheme, model, sequences, concurrency=c, max_batch=max_batch, per_client=per_client)
+            for c in concurrencies]
+
+
+def main() -> None:
+    from infracourse.kit.gpt import GPTConfig
+    from infracourse.kit.sequences import TokenModel, random_batches
+
+    torch.set_num_threads(1)  # steadier figures on a small shared machine
+    model = TokenModel(GPTConfig(vocab_size=256, d_model=128, n_layer=2))
+    batches = random_batches(8, 16, vocab=256, seed=0)
+    padded, useful = sum(len(b) * max(map(len, b)) for b in batches), sum(len(s) for b in batches for s in b)
+    print(f"padding computes {padded / useful:.2f}x the useful tokens")
+    for name, scheme in (("pad", pad), ("pack", pack)):
+        r = measure(scheme, model, batches)
+        print(f"{name:>5}: utilisation {r['utilisation']:.0%}, {r['tokens_per_s']:,.0f} tokens/s, "
+              f"{r['useful_tokens_per_s']:,.0f} useful tokens/s")
+    sequences = [s for b in batches for s in b]
+    print("scheme  concurrency  throughput/s  mean latency ms  p99 ms  throughput x latency")
+    for name, scheme in (("pad", pad), ("pack", pack)):
+        for row in latency_table(scheme, model, sequences, [1, 2, 4, 8, 16], max_batch=4):
+            print(f"{name:>6} {row['concurrency']:12d} {row['throughput_rps']:13.1f} "
+                  f"{row['mean_latency_s'] * 1e3:16.2f} {row['p99_latency_s'] * 1e3:7.2f} "
+                  f"{row['throughput_rps'] * row['mean_latency_s']:21.2f}")
+
+
+if __name__ == "__main__":
+    main()

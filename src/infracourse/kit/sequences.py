@@ -1,0 +1,55 @@
+"""Week 3's fixed pieces: variable-length token sequences and a position-wise model to run them through.
+
+Real requests differ in length: most are short, a few are long. `sample_lengths` draws lengths from a
+seeded long-tailed (lognormal) distribution, and `random_batches` turns them into batches of token
+sequences. `TokenModel` is the tiny GPT without attention: embedding, residual MLP blocks, output head.
+Every position is computed on its own, so a sequence's outputs do not depend on what it is batched with,
+padded to, or packed beside: padding is pure waste, and the share of waste is exactly the share of padding
+tokens. (In a Transformer the linear layers, most of the FLOPs, are position-wise too; variable-length
+attention kernels give attention the same property.)
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn as nn
+
+from infracourse.kit.gpt import MLP, GPTConfig, RMSNorm
+
+
+def sample_lengths(count: int, *, seed: int, median: int = 24, max_len: int = 256, sigma: float = 1.0) -> list[int]:
+    """`count` lengths from a lognormal with this median, clipped to 1..max_len."""
+    rng = random.Random(seed)  # private: never disturbs, or depends on, the global RNGs
+    return [min(max(round(median * math.exp(rng.gauss(0.0, sigma))), 1), max_len) for _ in range(count)]
+
+
+def random_batches(batches: int, batch_size: int, *, vocab: int, seed: int, device: str = "cpu",
+                   **length_args) -> list[list[torch.Tensor]]:
+    """`batches` lists of `batch_size` 1-D int64 token tensors of lengths from `sample_lengths`."""
+    lengths = sample_lengths(batches * batch_size, seed=seed, **length_args)
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(vocab, (n,), generator=gen).to(device) for n in lengths]
+    return [seqs[i:i + batch_size] for i in range(0, len(seqs), batch_size)]
+
+
+class TokenModel(nn.Module):
+    """tokens (...,) int64 -> logits (..., vocab). Any leading shape: (N,) packed or (B, L) padded."""
+
+    def __init__(self, cfg: GPTConfig = GPTConfig(), *, seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
+            torch.manual_seed(seed)
+            self.emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.norms = nn.ModuleList(RMSNorm(cfg.d_model) for _ in range(cfg.n_layer))
+            self.mlps = nn.ModuleList(MLP(cfg) for _ in range(cfg.n_layer))
+            self.norm = RMSNorm(cfg.d_model)
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)  # (..., C)
+        for norm, mlp in zip(self.norms, self.mlps):
+            x = x + mlp(norm(x))
+        return self.head(self.norm(x))  # (..., vocab)
