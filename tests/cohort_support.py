@@ -1,13 +1,14 @@
 """Helpers for the cohort tests: bundles rebuilt with faults, gradebook dumps, and a headless Chromium crawler."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import select
 import shutil
+import signal
 import sqlite3
-import subprocess
 import time
 import zipfile
 from contextlib import closing
@@ -55,13 +56,17 @@ class Chromium:
         assert exe, "chromium is not installed: `apt-get install chromium` (CI's .ci/run installs it)"
         to_browser, self._write = os.pipe()
         self._read, from_browser = os.pipe()
-        # the shell puts the pipe ends on the fds 3 and 4 the protocol expects, then becomes chromium
-        self.proc = subprocess.Popen(
-            ["sh", "-c", f'exec "$0" "$@" 3<&{to_browser} 4>&{from_browser}', exe, *CHROMIUM_FLAGS,
-             f"--user-data-dir={profile}", "about:blank"],
-            pass_fds=(to_browser, from_browser), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(to_browser)
-        os.close(from_browser)
+        # above fd 9, so that the dup2 onto 3 and 4 below cannot clobber one of our own pipe ends
+        ends = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (to_browser, from_browser)]
+        for fd in (to_browser, from_browser):
+            os.close(fd)
+        self.pid = os.posix_spawn(exe, [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                                  os.environ, file_actions=[
+                                      (os.POSIX_SPAWN_DUP2, ends[0], 3), (os.POSIX_SPAWN_DUP2, ends[1], 4),
+                                      (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                                      (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)])
+        for fd in ends:
+            os.close(fd)
         self._buffer, self._next, self.events = b"", 0, []
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
@@ -105,13 +110,15 @@ class Chromium:
     def close(self) -> None:
         try:
             self.call("Browser.close", timeout=5)
-        except AssertionError:
+        except (AssertionError, OSError):
             pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        deadline = time.monotonic() + 10
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                break
+            time.sleep(0.05)
         os.close(self._write)
         os.close(self._read)
 

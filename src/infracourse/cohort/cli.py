@@ -4,11 +4,13 @@ Wired into the `infracourse` app by infracourse.cli; the functions they call liv
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from infracourse.cohort import bundle, export, gradebook, publish, regrade, release
@@ -19,31 +21,30 @@ from infracourse.workspace import Workspace, WorkspaceError
 
 cohort_app = typer.Typer(no_args_is_help=True, help="For instructors: a gradebook of a cohort's submissions, "
                          "regraded on your machine, exported and published as a static site.")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
+err = Console(stderr=True, soft_wrap=True)
 FAILURES = (bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
             publish.PublishError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
                             help="The gradebook file (default: gradebook.db in the current folder).")
 
 
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
-
-
-def _message(exc: BaseException) -> str:
-    return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+@contextmanager
+def _reported():
+    """A failure the user can fix ends the command with one line naming the file and the fix (exit 2)."""
+    try:
+        yield
+    except FAILURES as exc:
+        err.print(f"[red]error:[/red] {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}")
+        raise typer.Exit(2) from None
 
 
 def release_command(out: Path = typer.Option(..., "--out", help="New folder for the learner copy."),
                     course: Optional[Path] = typer.Option(None, "--course", help="Course repository (default: "
                                                           "this installation's, or INFRACOURSE_COURSE).")):
     """Write a learner copy of the course with no reference solution in it (checked by content)."""
-    try:
+    with _reported():
         report = release.release(course or default_course_root(), out)
-    except FAILURES as exc:
-        _fail(_message(exc))
     console.print(f"Learner copy written to [bold]{report.out}[/bold] ({report.files} files).")
     for item in report.removed:
         console.print(f"  left out {item['path']}: {item['reason']}")
@@ -55,10 +56,8 @@ def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
                    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w",
                                                             help="Workspace folder (default: found from here).")):
     """Bundle a week's files with your last grade and this machine's facts, for your instructor."""
-    try:
+    with _reported():
         path = bundle.submit(Workspace.find(workspace), Course(), week, learner=learner)
-    except FAILURES as exc:
-        _fail(_message(exc))
     print(path)
 
 
@@ -66,10 +65,8 @@ def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
 def init(gradebook_file: Path = GradebookOpt):
     """Create an empty gradebook (an existing one is left as it is)."""
     existed = gradebook_file.exists()
-    try:
+    with _reported():
         book = gradebook.Gradebook.create(gradebook_file, Course())
-    except FAILURES as exc:
-        _fail(_message(exc))
     console.print(f"Gradebook {'already at' if existed else 'created at'} [bold]{book.path}[/bold]. "
                   "Next: infracourse cohort import BUNDLE.zip ...")
 
@@ -80,17 +77,20 @@ def import_(bundles: List[Path] = typer.Argument(..., help="Submission .zip file
                                             "others are rejected (default: all or nothing)."),
             gradebook_file: Path = GradebookOpt):
     """Validate bundles and record them; each bad one is rejected with its reason."""
-    try:
-        report = gradebook.Gradebook(gradebook_file).import_bundles(bundles, Course(), keep_going=keep_going)
-    except FAILURES as exc:
-        _fail(_message(exc))
+    with _reported():
+        book, course = gradebook.Gradebook(gradebook_file), Course()
+        with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("import", total=len(bundles))
+            report = book.import_bundles(bundles, course, keep_going=keep_going,
+                                         on_bundle=lambda path, problem: bar.advance(task))
     for problem in report.rejected:
         console.print(f"[red]rejected[/red] {problem}")
     if report.committed:
         console.print(f"[green]imported {len(report.imported)} bundle(s)[/green]")
     elif report.rejected:
-        console.print(f"nothing imported: the gradebook is as it was. Fix or leave out the rejected bundle(s), "
-                      f"or pass --keep-going to record the {len(report.imported)} valid one(s).")
+        console.print("nothing imported: the gradebook is as it was." + ("" if keep_going else
+                      f" Fix or leave out the rejected bundle(s), or pass --keep-going to record the "
+                      f"{len(report.imported)} valid one(s)."))
     raise typer.Exit(1 if report.rejected else 0)
 
 
@@ -100,28 +100,24 @@ def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
              again: bool = typer.Option(False, "--again", help="Also submissions already verified on this machine."),
              gradebook_file: Path = GradebookOpt):
     """Re-run the graders on this machine for each learner's newest submission; mark the results verified."""
-    try:
+    with _reported():
         done = regrade.regrade(gradebook.Gradebook(gradebook_file), Course(), week=week, learner=learner,
                                again=again, on_submission=lambda s: err.print(f"[dim]regrading {s.learner} "
                                                                               f"{s.week}[/dim]"))
-    except FAILURES as exc:
-        _fail(_message(exc))
     table = Table(title=f"regraded {len(done)} submission(s)")
     for column in ("learner", "week", "self-reported", "verified", "disagreements"):
         table.add_column(column, overflow="fold")
     for r in done:
         table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported), _passed(r.verified),
-                      "; ".join(f"{d['check']}: self {d['self']}, verified {d['verified']}" for d in r.disagreements))
+                      export.describe(r.disagreements))
     console.print(table)
 
 
 @cohort_app.command("export")
 def export_(out: Path = typer.Option(..., "--out", help="FILE.csv or FILE.json"), gradebook_file: Path = GradebookOpt):
     """One row per learner x week: checks passed, verified, disagreements, best figures."""
-    try:
+    with _reported():
         path = export.export(gradebook.Gradebook(gradebook_file), Course(), out)
-    except FAILURES as exc:
-        _fail(_message(exc))
     console.print(f"wrote {path}")
 
 
@@ -130,10 +126,8 @@ def publish_(out: Path = typer.Option(..., "--out", help="Folder for the static 
              pseudonyms: bool = typer.Option(False, "--pseudonyms", help="Show stable pseudonyms, not learner ids."),
              gradebook_file: Path = GradebookOpt):
     """Write the cohort site: learners x weeks grid, week pages, kernel-week leaderboards (works from file://)."""
-    try:
+    with _reported():
         site = publish.publish(gradebook.Gradebook(gradebook_file), Course(), out, pseudonyms=pseudonyms)
-    except FAILURES as exc:
-        _fail(_message(exc))
     console.print(f"site written to {site}; open {(site / 'index.html').resolve().as_uri()}")
 
 

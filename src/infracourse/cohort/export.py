@@ -37,7 +37,7 @@ def export(gradebook: Gradebook, course: Course, out: Path) -> Path:
         with part.open("w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, fieldnames=COLUMNS)
             writer.writeheader()
-            writer.writerows({**r, "disagreements": _flat_disagreements(r), "best_figures": _flat_figures(r)}
+            writer.writerows({**r, "disagreements": describe(r["disagreements"]), "best_figures": _flat_figures(r)}
                              for r in rows)
     else:
         part.write_text(json.dumps(document(cohort, rows), indent=1), encoding="utf-8")
@@ -67,8 +67,9 @@ def document(cohort: Cohort, rows: list[dict]) -> dict:
             "learners": cohort.learners, "rows": rows}
 
 
-def _flat_disagreements(r: dict) -> str:
-    return "; ".join(f"{d['check']}: self {d['self']}, verified {d['verified']}" for d in r["disagreements"])
+def describe(disagreements: list[dict]) -> str:
+    """'check: self passed, verified failed; ...' in one line."""
+    return "; ".join(f"{d['check']}: self {d['self']}, verified {d['verified']}" for d in disagreements)
 
 
 def _flat_figures(r: dict) -> str:

@@ -123,5 +123,5 @@ def _write_site(out: Path, pages: dict[str, str]) -> None:
 
 
 def state_label(cell: Standing) -> str:
-    return {"none": "", "disagrees": "≠", "verified": "✔ verified", "complete": "✔ self-reported",
+    return {"none": "", "disagrees": "≠ disagrees", "verified": "✔ verified", "complete": "✔ self-reported",
             "incomplete": "in progress"}[cell.state]

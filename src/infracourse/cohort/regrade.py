@@ -38,11 +38,12 @@ def regrade(gradebook: Gradebook, course: Course, *, week: str | None = None, le
     """Regrade the newest submission of each learner x week (filtered by week / learner).
 
     Submissions already verified on this machine are skipped unless `again`."""
+    week = week and normalise_week(week)
     hw = hardware or detect()
     ceilings = cached_ceilings(hw) if hw.gpu_count else None
     environment = hw.as_dict()
     done = []
-    for sub in gradebook.latest_submissions(week=week and normalise_week(week), learner=learner):
+    for sub in gradebook.latest_submissions(week=week, learner=learner):
         if not again and any(fp == hw.fingerprint() for fp, _ in gradebook.results_of(sub.id, "verified")):
             continue
         if on_submission:

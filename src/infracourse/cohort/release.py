@@ -85,8 +85,8 @@ def release(course_root: Path, out_dir: Path) -> ReleaseReport:
     if problems:
         shutil.rmtree(part, ignore_errors=True)
         raise ReleaseError("the learner copy still holds solutions:\n  " + "\n  ".join(problems))
-    out.mkdir(parents=True, exist_ok=True)
-    out.rmdir()
+    if out.exists():
+        out.rmdir()  # an empty folder, checked above: the finished copy takes its place
     part.rename(out)
     return ReleaseReport(out=out, files=len(shipped) - len(removed) + 1, removed=removed)
 
