@@ -15,11 +15,6 @@ from infracourse.kit.workloads import Jittery, SlowStart, Steady, ThreadQueue
 OVERHEAD_S = 1e-3  # what a harness may add to a call (clock reads, a no-op sync, Python) on a busy machine
 
 
-@pytest.fixture(scope="module")
-def harness(learner):
-    return learner.module("harness")
-
-
 def no_sync():
     pass
 

@@ -9,6 +9,7 @@ import torch
 from infracourse import bench
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.data import ensure_dataset, new_trainer, to_device, train_step
+from infracourse.kit.threads import intra_op_threads
 
 # The reduced sweep the grader re-runs: every read method and worker setting at two batch sizes.
 REDUCED = [{"read": read, "batch_size": batch, "workers": workers}
@@ -17,12 +18,8 @@ REDUCED = [{"read": read, "batch_size": batch, "workers": workers}
 
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread():
-    # The model is tiny: on a small machine a second intra-op thread only adds wake-up stalls and fights the
-    # loader workers for the cores, which would make every figure noisy. Loader workers use one thread too.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with intra_op_threads(1):  # a tiny model: see infracourse.kit.threads
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,10 @@ compute dominates on this device), and the factor their length distribution allo
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.sequences import TokenModel, random_batches
+from infracourse.kit.threads import intra_op_threads
 
 # Per device: model size, number of batches, sequences per batch, and the length distribution.
 SIZES = {
@@ -32,12 +32,8 @@ class Workload:
 
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread():
-    # On a small shared machine a second intra-op thread adds wake-up stalls of milliseconds to every op,
-    # which would drown the difference between the schemes in noise.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with intra_op_threads(1):  # a tiny model: see infracourse.kit.threads
+        yield
 
 
 @pytest.fixture(scope="session")
