@@ -43,7 +43,8 @@ VARIANTS = {
     # the kernel runs, torch ops give the answer
     "forward computed with torch ops": ("kernel-did-work", replace_once(
         "        return y.view(x.shape)",
-        "        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)")),
+        "        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)"
+        " * weight).to(x.dtype)")),
     "dw summed with torch": ("kernel-did-work", replace_once(
         "        _column_sum_kernel[(triton.cdiv(n, 64),)](partial, dw, programs, n, BLOCK_ROWS=32, BLOCK_COLS=64)",
         "        dw.copy_(partial.sum(0))")),

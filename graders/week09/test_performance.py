@@ -30,12 +30,12 @@ def _race(mm, M, K, N, dtype, ceilings, error_bound):
     return yours, cublas, flops, moved
 
 
-def _figures(record, flops, moved, yours, cublas, ceilings):
-    """`record` with what a roofline plot needs: work, traffic, both times and this device's ceilings."""
+def _figures(record, label, flops, moved, yours, cublas, ceilings):
+    """`record` with what the grade's plots need: the kernel, its work and traffic, both times, the ceilings."""
     def _record(name, value, **extra):
-        record(name, value, flops=flops, bytes=moved, seconds=yours.seconds, reference_seconds=cublas.seconds,
-               reference="torch.mm (cuBLAS)", peak_tflops=ceilings.matmul_tflops.get("bfloat16"),
-               copy_gbps=ceilings.copy_gbps, **extra)
+        record(name, value, label=label, flops=flops, bytes=moved, seconds=yours.seconds,
+               reference_seconds=cublas.seconds, reference="torch.mm (cuBLAS)",
+               peak_tflops=ceilings.matmul_tflops.get("bfloat16"), copy_gbps=ceilings.copy_gbps, **extra)
 
     return _record
 
@@ -46,7 +46,8 @@ def test_against_cublas(mm, n, ceilings, record, lab_check, error_bound):
     yours, cublas, flops, moved = _race(mm, n, n, n, torch.bfloat16, ceilings, error_bound)
     require_fraction(flops / yours.seconds / 1e12, flops / cublas.seconds / 1e12, lab_check.threshold,
                      unit="TFLOP/s", what=f"bf16 matmul {n}x{n}x{n} against cuBLAS (torch.mm) on this device",
-                     record=_figures(record, flops, moved, yours, cublas, ceilings), name=f"TFLOP/s at {n}^3 bf16")
+                     record=_figures(record, f"matmul {n}x{n}x{n} bf16", flops, moved, yours, cublas, ceilings),
+                     name=f"TFLOP/s at {n}^3 bf16")
 
 
 @pytest.mark.check("shape-sweep")
@@ -55,6 +56,6 @@ def test_shape_sweep(mm, ceilings, record, error_bound):
     # regresses). The check fails on a wrong timed output or a timing that cannot be trusted.
     for M, K, N in SWEEP:
         yours, cublas, flops, moved = _race(mm, M, K, N, torch.bfloat16, ceilings, error_bound)
-        _figures(record, flops, moved, yours, cublas, ceilings)(
+        _figures(record, f"matmul {M}x{K}x{N} bf16", flops, moved, yours, cublas, ceilings)(
             f"{M}x{K}x{N} bf16", flops / yours.seconds / 1e12, unit="TFLOP/s",
             ratio_to_reference=cublas.seconds / yours.seconds, shape=[M, K, N])

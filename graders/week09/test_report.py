@@ -12,7 +12,8 @@ REQUIRED = {
     "Results": (r"\|.*\d.*\|[\s\S]*(cublas|torch\.mm|torch\.matmul)|(cublas|torch\.mm|torch\.matmul)[\s\S]*\|.*\d.*\|",
                 "a table of error and TFLOP/s per shape with cuBLAS (torch.mm) beside it"),
     "Conclusion and limits": (
-        rf"(?=[\s\S]*(regress|slower|loses|loss))(?=[\s\S]*{SHAPE})(?=[\s\S]*(roofline|intensity|memory-bound|compute-bound))",
+        rf"(?=[\s\S]*(regress|slower|loses|loss))(?=[\s\S]*{SHAPE})"
+        r"(?=[\s\S]*(roofline|intensity|memory-bound|compute-bound))",
         "one shape where the kernel regresses (name it, e.g. 16x8192x8192) and why, placed on the roofline "
         "(arithmetic intensity, memory- or compute-bound)"),
 }

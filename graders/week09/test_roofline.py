@@ -33,7 +33,8 @@ def test_roofline(mm, record):
               "Count 2*M*N*K flops (a multiply and an add per term) over the bytes of A and B read once and C "
               "written once, at dtype.itemsize bytes per element.")
     for block_m, block_n, dtype in TILES:
-        _same(mm.tile_intensity(block_m, block_n, dtype), 2 * block_m * block_n / ((block_m + block_n) * dtype.itemsize),
+        expected = 2 * block_m * block_n / ((block_m + block_n) * dtype.itemsize)
+        _same(mm.tile_intensity(block_m, block_n, dtype), expected,
               f"tile_intensity({block_m}, {block_n}, {dtype})",
               "One program loads a block_m x K panel of A and a K x block_n panel of B and does "
               "2 * block_m * block_n * K flops with them: K cancels.")
@@ -44,10 +45,12 @@ def test_roofline(mm, record):
             call = f"roofline_bound({M}, {N}, {K}, {dtype}, peak_tflops={peak}, bandwidth_gbps={bandwidth})"
             got = mm.roofline_bound(M, N, K, dtype, peak, bandwidth)
             if not isinstance(got, tuple) or len(got) != 2:
-                raise LabCheckFailed(f"{call} returned {got!r}: return a pair (attainable TFLOP/s, 'memory' or 'compute')")
+                raise LabCheckFailed(f"{call} returned {got!r}: return a pair (attainable TFLOP/s, 'memory' or "
+                                     "'compute')")
             _same(got[0], expected[0], call, "The attainable rate is min(peak, intensity x bandwidth): FLOP/byte x "
                   "GB/s is GFLOP/s, so divide by 1000 for TFLOP/s.")
             if got[1] != expected[1]:
                 raise LabCheckFailed(f"{call} says {got[1]!r}-bound; at {intensity(M, N, K, dtype):.1f} FLOP/byte the "
-                                     f"{expected[1]} roof is the lower one (ridge point {peak * 1e3 / bandwidth:.0f} FLOP/byte)")
+                                     f"{expected[1]} roof is the lower one (ridge point "
+                                     f"{peak * 1e3 / bandwidth:.0f} FLOP/byte)")
     record("intensity bf16 4096^3", intensity(4096, 4096, 4096, torch.bfloat16), unit="FLOP/byte")

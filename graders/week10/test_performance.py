@@ -40,6 +40,13 @@ def _forward_race(rms, unfused, rows, cols, dtype, ceilings):
     return yours, torch_time, moved
 
 
+def _forward_figures(rows, cols, dtype, moved, yours, torch_time):
+    """What the grade's plots need: the kernel, its traffic and work (x*x, the sum, x*rstd, *w: 4 flops an
+    element), both times."""
+    return dict(label=f"rms_norm forward {rows}x{cols} {_name(dtype)}", bytes=moved, flops=4 * rows * cols,
+                seconds=yours.seconds, reference_seconds=torch_time.seconds, reference="torch.nn.functional.rms_norm")
+
+
 def require_speedup(speedup, threshold, what, record, name, **extra):
     record(name, speedup, target=threshold, unit="x", **extra)
     if speedup < threshold:
@@ -50,9 +57,8 @@ def require_speedup(speedup, threshold, what, record, name, **extra):
 def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check):
     for rows, cols, dtype in FORWARD_SHAPES:
         yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings)
-        figures = lambda name, value, **kw: record(name, value, bytes=moved, seconds=yours.seconds,  # noqa: E731
-                                                   reference_seconds=torch_time.seconds,
-                                                   reference="torch.nn.functional.rms_norm", **kw)
+        figures = lambda name, value, **kw: record(  # noqa: E731
+            name, value, **_forward_figures(rows, cols, dtype, moved, yours, torch_time), **kw)
         require_fraction(moved / yours.seconds / 1e9, ceilings.copy_gbps, lab_check.threshold, unit="GB/s",
                          what=f"rms_norm forward ({rows}, {cols}) {_name(dtype)}", record=figures,
                          name=f"forward GB/s ({rows}, {cols}) {_name(dtype)}")
@@ -64,9 +70,8 @@ def test_forward_vs_torch(rms, unfused, ceilings, record, lab_check):
         yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings)
         require_speedup(torch_time.seconds / yours.seconds, lab_check.threshold,
                         f"rms_norm forward ({rows}, {cols}) {_name(dtype)} against F.rms_norm", record,
-                        f"speed-up over F.rms_norm ({rows}, {cols}) {_name(dtype)}", bytes=moved,
-                        seconds=yours.seconds, reference_seconds=torch_time.seconds,
-                        reference="torch.nn.functional.rms_norm")
+                        f"speed-up over F.rms_norm ({rows}, {cols}) {_name(dtype)}",
+                        **_forward_figures(rows, cols, dtype, moved, yours, torch_time))
 
 
 def operator_times(rms, unfused, rows, cols, dtype, ceilings):
@@ -107,11 +112,14 @@ def operator_times(rms, unfused, rows, cols, dtype, ceilings):
 
 @pytest.mark.check("operator-speedup")
 def test_operator_speedup(rms, unfused, ceilings, record, lab_check):
-    rows, cols = BATCH * MODEL.seq_len, MODEL.d_model
-    mine, eager, moved = operator_times(rms, unfused, rows, cols, torch.bfloat16, ceilings)
-    require_speedup(eager.seconds / mine.seconds, lab_check.threshold,
-                    f"rms_norm forward + backward at the model's activations ({rows}, {cols}) bf16 against the "
-                    "GPT's unfused RMSNorm", record, "operator speed-up (forward + backward)", bytes=moved,
+    # Activations large enough that the kernels' time, not their launch cost, is measured. The end-to-end
+    # check measures the same ratio again at the model's own (smaller) activations.
+    rows, cols, dtype = FORWARD_SHAPES[0]
+    mine, eager, moved = operator_times(rms, unfused, rows, cols, dtype, ceilings)
+    label = f"rms_norm forward + backward {rows}x{cols} {_name(dtype)}"
+    require_speedup(eager.seconds / mine.seconds, lab_check.threshold, f"{label} against the GPT's unfused RMSNorm",
+                    record, "operator speed-up (forward + backward)", label=label, bytes=moved,
+                    flops=13 * rows * cols,  # forward 4 an element, backward 9
                     seconds=mine.seconds, reference_seconds=eager.seconds, reference="kit.gpt.RMSNorm (unfused)")
 
 
@@ -141,8 +149,8 @@ def test_end_to_end(rms, unfused, ceilings, record):
     with torch.no_grad():
         expected, got = baseline_model(idx, targets)[1].item(), model(idx, targets)[1].item()
     if not abs(got - expected) <= 2e-2 * abs(expected):
-        raise LabCheckFailed(f"the bf16 GPT's loss with your rms_norm is {got:.5g}, with the unfused norm {expected:.5g}: "
-                             "plugging the kernel in must not change the model")
+        raise LabCheckFailed(f"the bf16 GPT's loss with your rms_norm is {got:.5g}, with the unfused norm "
+                             f"{expected:.5g}: plugging the kernel in must not change the model")
 
     def check(loss, args):
         if not torch.isfinite(loss):
@@ -156,10 +164,11 @@ def test_end_to_end(rms, unfused, ceilings, record):
     calls = 2 * MODEL.n_layer + 1  # two norms per block and the final one
     share = min(calls * eager.seconds / baseline.seconds, 1.0)
     operator = eager.seconds / mine.seconds
-    record("end-to-end step speed-up", baseline.seconds / yours.seconds, unit="x", seconds=yours.seconds,
-           reference_seconds=baseline.seconds, reference="the same GPT with kit.gpt.RMSNorm (unfused)",
-           flops=flops, model=str(MODEL), batch=BATCH)
-    record("operator speed-up at the model's shape", operator, unit="x", seconds=mine.seconds,
-           reference_seconds=eager.seconds)
+    record("end-to-end step speed-up", baseline.seconds / yours.seconds, unit="x", label="GPT training step",
+           seconds=yours.seconds, reference_seconds=baseline.seconds,
+           reference="the same GPT with kit.gpt.RMSNorm (unfused)", model=str(MODEL), batch=BATCH)
+    record("operator speed-up at the model's shape", operator, unit="x",
+           label=f"rms_norm forward + backward {tokens}x{MODEL.d_model} bfloat16", seconds=mine.seconds,
+           reference_seconds=eager.seconds, reference="kit.gpt.RMSNorm (unfused)")
     record("norm share of the unfused step", share, unit="", calls_per_step=calls)
     record("predicted end-to-end speed-up (Amdahl)", 1 / (1 - share + share / operator), unit="x")

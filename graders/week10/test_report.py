@@ -7,7 +7,8 @@ from infracourse.grading.report import check_report
 REQUIRED = {
     "Method": (r"synchroni[sz]e|cuda\.Event|elapsed_time|do_bench|measure\(",
                "how the device is synchronised around the timed region (events, torch.cuda.synchronize, ...)"),
-    "Results": (r"(?=[\s\S]*\|.*\d.*\|)(?=[\s\S]*(operator|kernel)[^\n]*\d)(?=[\s\S]*(end-to-end|training step|step time)[^\n]*\d)",
+    "Results": (r"(?=[\s\S]*\|.*\d.*\|)(?=[\s\S]*(operator|kernel)[^\n]*\d)"
+                r"(?=[\s\S]*(end-to-end|training step|step time)[^\n]*\d)",
                 "a table with numbers, and on their own lines the operator's speed-up and the end-to-end "
                 "training-step change, each with its figure"),
     "Conclusion and limits": (
