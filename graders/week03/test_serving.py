@@ -22,8 +22,8 @@ def test_littles_law(schemes, experiment, workload, record):
         record(f"throughput x latency at {concurrency}", in_flight, target=concurrency)
         if abs(in_flight - concurrency) > TOLERANCE * concurrency:
             raise LabCheckFailed(
-                f"{concurrency} clients each keep one request outstanding, so on average {concurrency} are in flight; "
-                f"by Little's law (L = throughput x latency) your {row['throughput_rps']:.1f} requests/s x "
+                f"with {concurrency} closed-loop client(s) there are always {concurrency} request(s) in flight, so by "
+                f"Little's law (in flight = throughput x latency) your {row['throughput_rps']:.1f} requests/s x "
                 f"{row['mean_latency_s'] * 1e3:.2f} ms = {in_flight:.2f}. With {MAX_BATCH} served at a time the rest "
                 "wait in the queue: latency runs from submitting a request to receiving its answer, and throughput "
                 "is requests over the span in which the clients were sending.")
