@@ -80,7 +80,7 @@ def test_step_breakdown(sweep, steady_step, record):
     reference = steady_step("file", 32, 0) * 1e3
     theirs = float(rows[("file", 32, 0)]["step_ms"]) if ("file", 32, 0) in rows else None
     record("baseline step (grader)", reference, unit="ms")
-    if theirs is not None and not reference / 2 <= theirs <= reference * 2:
+    if theirs is not None and not reference / 3 <= theirs <= reference * 3:  # wide: a shared machine's load varies
         raise LabCheckFailed(f"read=file batch_size=32 workers=0: your step time is {theirs:.2f} ms, the grader "
                              f"measures {reference:.2f} ms for the same configuration. Time whole steps on the "
                              "host clock, waiting for the device before reading it.")
