@@ -94,7 +94,7 @@ class RMSNormFunction(torch.autograd.Function):
         n = x.shape[-1]
         assert weight.shape == (n,), f"weight must have shape ({n},), got {tuple(weight.shape)}"
         assert n <= MAX_COLS and x.numel() < 2**31, "rows longer than MAX_COLS or tensors of 2^31 elements"
-        x2 = _rows(x)
+        x2, weight = _rows(x), weight.contiguous()  # the kernels walk both with unit stride along n
         y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
         rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
         if x2.numel():
