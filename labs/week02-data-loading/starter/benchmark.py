@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import torch
+import torch  # noqa: F401  (torch.cuda.synchronize on a GPU)
 
 from infracourse.kit.data import device_utilisation, ensure_dataset, new_trainer, to_device, train_step  # noqa: F401
 from loaders import make_loader  # noqa: F401

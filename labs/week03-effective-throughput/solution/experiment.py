@@ -10,6 +10,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 import torch
@@ -17,7 +18,8 @@ import torch
 from schemes import pack, pad, run
 
 
-def _sync_for(model) -> callable:
+def _sync_for(model) -> Callable[[], None]:
+    """What 'wait for the device' means for this model: torch.cuda.synchronize on a GPU, else nothing."""
     on_gpu = next(model.parameters()).is_cuda
     return torch.cuda.synchronize if on_gpu else (lambda: None)
 

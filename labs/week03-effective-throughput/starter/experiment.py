@@ -9,13 +9,15 @@ import queue  # noqa: F401  (the server's inbox)
 import threading  # noqa: F401
 import time  # noqa: F401
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: F401
+from typing import Callable
 
 import torch
 
-from schemes import pack, pad, run
+from schemes import pack, pad, run  # noqa: F401  (run: a scheme, a model and a batch in one call)
 
 
-def _sync_for(model) -> callable:
+def _sync_for(model) -> Callable[[], None]:
+    """What 'wait for the device' means for this model: torch.cuda.synchronize on a GPU, else nothing."""
     on_gpu = next(model.parameters()).is_cuda
     return torch.cuda.synchronize if on_gpu else (lambda: None)
 
