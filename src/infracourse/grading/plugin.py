@@ -26,6 +26,7 @@ from infracourse.guard import LabCheckFailed
 from infracourse.syllabus import load_lab
 
 CHECK_KEY = pytest.StashKey[str]()
+FATAL_EXIT = 87  # the runner reads this exit code as "the device is unusable; go on in a fresh process"
 BLOCKED_PREFIX = "infracourse-blocked: "
 # Errors after which the CUDA context is unusable: the runner restarts a fresh process for the rest.
 FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure")
@@ -119,7 +120,7 @@ class _Session:
         self.emit(event="result", check=check_id, status=status, message=message, figures=figures, t=time.time(),
                   duration=report.duration)
         if fatal:
-            os._exit(3)  # the device is unusable after this; the runner goes on in a fresh process
+            os._exit(FATAL_EXIT)  # the device is unusable after this; the runner goes on in a fresh process
 
 
 _DONE = pytest.StashKey[bool]()

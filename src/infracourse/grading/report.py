@@ -56,9 +56,12 @@ def stamp_environment(path: Path, hardware: Hardware) -> None:
     path.write_text(stamped, encoding="utf-8")
 
 
-def check_report(path: Path, hardware: Hardware, *, required: dict[str, tuple[str, str]] | None = None) -> dict:
-    """Fail unless every section is filled, the environment is this machine's, and each `required`
-    (section -> (regex, what it must state)) is met. Returns the sections."""
+Rule = tuple[str, str]  # (regex, what the section must state)
+
+
+def check_report(path: Path, hardware: Hardware, *, required: dict[str, Rule | list[Rule]] | None = None) -> dict:
+    """Fail unless every section is filled, the environment is this machine's, and each `required` rule
+    (section -> one (regex, meaning) or a list of them) is met. Returns the sections."""
     if not path.exists():
         raise LabCheckFailed(f"{path.name} is missing: copy the template back with `infracourse reset` and fill it")
     found = sections(path.read_text(encoding="utf-8"))
@@ -75,7 +78,8 @@ def check_report(path: Path, hardware: Hardware, *, required: dict[str, tuple[st
                 f"{path.name}: the Environment section does not state this machine's {label} ({value}); the numbers "
                 "must come from the machine you grade on. Run `infracourse report <week>` to stamp it, then "
                 "re-measure if your figures came from elsewhere")
-    for section, (pattern, meaning) in (required or {}).items():
-        if not re.search(pattern, found[section], re.IGNORECASE | re.MULTILINE):
-            raise LabCheckFailed(f"{path.name}: the {section} section must state {meaning}")
+    for section, rules in (required or {}).items():
+        for pattern, meaning in [rules] if isinstance(rules, tuple) else rules:
+            if not re.search(pattern, found[section], re.IGNORECASE | re.MULTILINE):
+                raise LabCheckFailed(f"{path.name}: the {section} section must state {meaning}")
     return found

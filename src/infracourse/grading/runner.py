@@ -22,6 +22,7 @@ from typing import Callable
 
 from infracourse import __version__
 from infracourse.course import Course
+from infracourse.grading.plugin import FATAL_EXIT
 from infracourse.grading.results import CheckResult, GradeResult
 from infracourse.hardware import Hardware, detect
 
@@ -40,7 +41,7 @@ def _signal_name(returncode: int) -> str:
         meaning = {"SIGSEGV": "segmentation fault", "SIGKILL": "killed, often by the out-of-memory killer",
                    "SIGABRT": "aborted", "SIGBUS": "bus error", "SIGFPE": "arithmetic error"}.get(name, "")
         return f"{name} ({meaning})" if meaning else name
-    if returncode == 3:
+    if returncode == FATAL_EXIT:
         return "a CUDA error that leaves the device unusable (the rest ran in a fresh process)"
     return f"exit code {returncode}"
 
@@ -82,6 +83,7 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
 def _grader_env(hardware: Hardware, files_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # only our plugin: third-party ones must not alter grading
     env.setdefault("INFRACOURSE_SEED", str(random.SystemRandom().randrange(2**31)))
     env["INFRACOURSE_ARTIFACTS"] = str(files_dir.resolve() / ".grade")  # plots the report links to
     if hardware.gpu_count == 0:
