@@ -3,13 +3,18 @@
 Rules (anchors: triton.testing.do_bench, the GPU MODE eval harness, KernelBench):
 - warm-up calls are excluded; the statistic is the median, with p10/p90 beside it;
 - every timed call gets fresh arguments, made outside the timed region, so no output can be cached by
-  input identity or content; `check` verifies a sample of the timed outputs;
+  input identity or content; `check` verifies a random sample of the timed outputs, drawn before each call so
+  a function cannot tell a checked call from an unchecked one, against a private copy of its arguments (a
+  call that changes its arguments fails);
 - on a GPU each call is bracketed by CUDA events after an L2 flush, and a batch of calls is timed again
   with a device-wide synchronise and the host clock: work hidden on another stream shows up there. The
-  reported time is the larger of the two, and `escaped` says the event time missed most of the work.
+  reported time is the larger of the two, and `escaped` says the event time missed most of the work;
+- the device is held busy (a spin kernel) while calls are enqueued, so both clocks measure device time and
+  not the host's launch overhead, which would otherwise penalise Python-launched kernels by tens of us.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -68,10 +73,12 @@ def measure(
     max_reps: int = 200,
     flush_l2: bool = True,
     device: str | None = None,
+    check_fraction: float = 0.1,
 ) -> Timing:
     """Time `fn(*make_args())`. `reps=None` repeats until `budget_s` of timed work or `max_reps`.
 
-    `check(out, args)` runs on the first, the last and every tenth timed output (outside the timing).
+    `check(out, args)` runs (outside the timing) on the first timed output, on a random `check_fraction` of
+    the others, on one random output of the wall-clock batch and on one more call outside the statistics.
     `device` defaults to 'cuda' when a GPU is present.
     """
     import torch
@@ -79,8 +86,13 @@ def measure(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     on_gpu = device.startswith("cuda")
+    draw = random.SystemRandom()  # unpredictable from inside fn
+    host_s = 0.0
     for _ in range(warmup):
-        fn(*make_args())
+        args = make_args()
+        t0 = time.perf_counter()
+        fn(*args)
+        host_s = time.perf_counter() - t0  # host time to enqueue one call (the last warm-up's, compiled by then)
     if on_gpu:
         torch.cuda.synchronize()
         flush = torch.empty(_l2_flush_bytes() // 4, dtype=torch.float32, device=device) if flush_l2 else None
@@ -90,9 +102,12 @@ def measure(
     target = reps if reps is not None else max_reps
     while len(samples) < target and (reps is not None or spent < budget_s or len(samples) < 5):
         args = make_args()
+        checked = check is not None and (not samples or draw.random() < check_fraction)
+        snapshot = _snapshot(args) if checked else None
         if on_gpu:
             if flush is not None:
                 flush.zero_()
+            _hold_device(2 * host_s + 20e-6)  # the launch is queued before the start event fires
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = fn(*args)
@@ -105,19 +120,38 @@ def measure(
             elapsed = time.perf_counter() - t0
         samples.append(elapsed)
         spent += elapsed
-        if check is not None and (len(samples) == 1 or len(samples) % 10 == 0):
-            check(out, args)
+        if checked:
+            _verify(check, out, args, snapshot)
         del out
     if check is not None:
-        check(fn(*(args := make_args())), args)  # one more, outside the statistics
+        args = make_args()
+        snapshot = _snapshot(args)
+        _verify(check, fn(*args), args, snapshot)  # one more, outside the statistics
 
-    wall = _wall_per_call(fn, make_args) if on_gpu else None
+    wall = _wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu else None
     return Timing(median_s=statistics.median(samples), p10_s=percentile(samples, 10),
                   p90_s=percentile(samples, 90), samples_s=samples, wall_per_call_s=wall, device=device)
 
 
-def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple], calls: int = 8) -> float:
-    """Host clock around a batch of calls, bracketed by device-wide synchronisation."""
+def _snapshot(args: tuple) -> list:
+    from infracourse.guard import snapshot_inputs
+
+    return snapshot_inputs(args)
+
+
+def _verify(check: Callable[[Any, tuple], None], out: Any, args: tuple, snapshot: list) -> None:
+    """The call must have left its arguments unchanged; `check` then judges the output on the private copy."""
+    from infracourse.guard import require_inputs_unchanged
+
+    require_inputs_unchanged(args, snapshot, "the timed function")
+    check(out, tuple(arg if copy is None else copy for arg, copy in zip(args, snapshot)))
+
+
+def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
+                   check: Callable[[Any, tuple], None] | None = None, draw: random.Random | None = None,
+                   calls: int = 8, host_s: float = 0.0) -> float:
+    """Host clock around a batch of calls, bracketed by device-wide synchronisation; one random output of the
+    batch is checked afterwards, so the batch cannot be skipped either."""
     import torch
 
     first = make_args()
@@ -125,12 +159,57 @@ def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple], calls
     free, _ = torch.cuda.mem_get_info()
     calls = max(2, min(calls, int(0.25 * free // size)))  # fresh inputs for each call, within memory
     batch = [first] + [make_args() for _ in range(calls - 1)]
+    pick = (draw or random.SystemRandom()).randrange(calls)
+    snapshot = _snapshot(batch[pick]) if check is not None else None
+    kept = None
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for args in batch:
-        fn(*args)
+    held = _hold_device(2 * calls * host_s + 100e-6)  # the whole batch is queued while the device waits
+    for i, args in enumerate(batch):
+        out = fn(*args)
+        if i == pick:
+            kept = out
+        del out
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls
+    wall = (time.perf_counter() - t0 - held.seconds()) / calls
+    if check is not None:
+        _verify(check, kept, batch[pick], snapshot)
+    return wall
+
+
+class _Hold:
+    def __init__(self, start=None, end=None):
+        self.start, self.end = start, end
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.start is not None else 0.0
+
+
+_cycles_per_s: float | None = None
+
+
+def _hold_device(seconds: float) -> _Hold:
+    """Keep the current stream busy for about `seconds` (torch.cuda._sleep), so that calls enqueued meanwhile
+    start back to back: the time measured is the device's, not the host's launch overhead. The hold itself is
+    bracketed by events so a host-clock measurement can subtract it exactly."""
+    import torch
+
+    global _cycles_per_s
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None or seconds <= 0:
+        return _Hold()
+    if _cycles_per_s is None:  # the spin kernel counts clock cycles: learn this device's rate once
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        sleep(1_000_000)
+        b.record()
+        b.synchronize()
+        _cycles_per_s = 1_000_000 / max(a.elapsed_time(b) / 1e3, 1e-6)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    sleep(int(min(seconds, 0.05) * _cycles_per_s))
+    end.record()
+    return _Hold(start, end)
 
 
 def _l2_flush_bytes() -> int:

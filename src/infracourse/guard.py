@@ -2,15 +2,19 @@
 
 - `watch_call` records the aten ops dispatched and the Triton kernels launched during the learner's call:
   a softmax lab that calls torch.softmax, or an add that computes with torch and launches a dummy kernel,
-  is caught by the ops it dispatched.
-- `require_plain_tensor` rejects lazy, subclassed or misplaced outputs.
+  is caught by the ops it dispatched. Two observers see each call: a TorchDispatchMode (which also poisons
+  allocations) and the torch profiler on every thread, which still sees ops run with the dispatch mode
+  switched off, on another thread, or from C++ (an extension calling at::softmax).
+- `run_watched` also fails a call that modifies its inputs (a reference computed afterwards would be fooled).
+- `require_plain_tensor` rejects lazy, subclassed, sparse, nested or misplaced outputs.
 - `require_possible` rejects times faster than this device's measured ceilings allow.
 Timing-side defences (fresh inputs, side streams) live in `bench.measure`.
 """
 from __future__ import annotations
 
+import secrets
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,6 +26,15 @@ MEMORY_OPS = frozenset({
     "alias", "lift_fresh", "unbind", "split", "narrow", "resize_", "zeros", "zeros_like", "zero_", "fill_",
     "full", "full_like", "set_", "is_same_size", "stride", "size", "numel", "sym_size", "sym_stride",
     "sym_numel", "sym_storage_offset", "_local_scalar_dense", "item", "clamp_min", "empty_permuted",
+})
+
+
+# Composite ops the profiler reports by their own name (the dispatch mode sees only what they decompose to):
+# each only views, copies or allocates.
+COMPOSITE_MEMORY_OPS = frozenset({
+    "contiguous", "reshape", "reshape_as", "view_as", "expand_as", "flatten", "unflatten", "movedim", "moveaxis",
+    "swapaxes", "swapdims", "type_as", "to", "resolve_conj", "resolve_neg", "lift_fresh_copy", "new_zeros",
+    "empty_like", "zeros_like", "chunk", "tensor_split", "unsafe_split", "_reshape_copy",
 })
 
 
@@ -38,14 +51,23 @@ CANARY = -1234.0  # written around every poisoned allocation; a changed canary i
 CANARY_ELEMENTS = 4096
 
 
+# Profiler annotations that mark the grader's own work; a random suffix keeps a learner from naming theirs alike.
+_TOKEN = secrets.token_hex(6)
+GUARD_MARK = f"infracourse::guard-{_TOKEN}"    # poisoning allocations: not the learner's ops
+TUNER_MARK = f"infracourse::tuner-{_TOKEN}"    # Triton's autotuner benchmarking configs: not the learner's ops
+KERNEL_MARK = f"infracourse::kernel-{_TOKEN}"  # a Triton kernel running (its body is the learner's code)
+
+
 @dataclass
 class CallRecord:
-    ops: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)  # seen by the dispatch mode
     kernels: list[str] = field(default_factory=list)
     allocations: list[tuple[Any, int, int]] = field(default_factory=list)  # (buffer, start, length)
+    profiled: list[str] = field(default_factory=list)  # seen by the profiler, on every thread
 
     def compute_ops(self, allowed: frozenset[str] = MEMORY_OPS) -> list[str]:
-        return sorted({op for op in self.ops if op not in allowed})
+        seen = set(self.ops) | {op for op in self.profiled if op not in COMPOSITE_MEMORY_OPS}
+        return sorted(op for op in seen if op not in allowed)
 
     def out_of_bounds_writes(self) -> int:
         """Elements changed in the canary zones around the poisoned allocations."""
@@ -81,35 +103,100 @@ def fenced(tensor):
     return view
 
 
-def _in_kernel() -> bool:
-    return getattr(_state, "depth", 0) > 0
+def _context() -> str | None:
+    """'kernel' while a Triton kernel runs, 'tuner' while Triton's autotuner benchmarks, else None."""
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+def _mark(name: str):
+    """A profiler annotation around the grader's own work (a no-op cost when nothing is watched)."""
+    if not getattr(_state, "records", None):
+        return nullcontext()
+    from torch.profiler import record_function
+
+    return record_function(name)
 
 
 def _install_triton_hooks() -> None:
-    """Count launches of Triton kernels; while one runs, its own tensor traffic is not the learner's."""
+    """Count launches of Triton kernels and mark, for the observers, which work is Triton's own.
+
+    Ops inside a kernel are still the learner's (under the interpreter its body is Python that could call
+    torch) and are recorded, but not poisoned: the interpreter's own copies must stay intact. Ops of the
+    autotuner's benchmarking are Triton's and are not recorded.
+    """
     if getattr(_install_triton_hooks, "done", False):
         return
     try:
         from triton.runtime import autotuner, interpreter, jit
     except ImportError:
         return
-    classes = [jit.JITFunction, interpreter.InterpretedFunction, autotuner.Autotuner, autotuner.Heuristics]
-    for cls in classes:
+    kinds = {jit.JITFunction: "kernel", interpreter.InterpretedFunction: "kernel", autotuner.Autotuner: "tuner"}
+    for cls, kind in kinds.items():
         original = cls.run
-        counts = cls in (jit.JITFunction, interpreter.InterpretedFunction)
 
-        def run(self, *args, _original=original, _counts=counts, **kwargs):
-            if _counts and not kwargs.get("warmup", False):
-                for record in getattr(_state, "records", []):
-                    record.kernels.append(getattr(self, "__name__", type(self).__name__))
-            _state.depth = getattr(_state, "depth", 0) + 1
-            try:
+        def run(self, *args, _original=original, _kind=kind, **kwargs):
+            records = getattr(_state, "records", None)
+            if not records:  # nothing watched (a timed call): no bookkeeping at all
                 return _original(self, *args, **kwargs)
+            if _kind == "kernel" and not kwargs.get("warmup", False):
+                for record in records:
+                    record.kernels.append(getattr(self, "__name__", type(self).__name__))
+            stack = _state.__dict__.setdefault("stack", [])
+            stack.append(_kind)
+            try:
+                with _mark(KERNEL_MARK if _kind == "kernel" else TUNER_MARK):
+                    return _original(self, *args, **kwargs)
             finally:
-                _state.depth -= 1
+                stack.pop()
 
         cls.run = run
     _install_triton_hooks.done = True
+
+
+def _start_profiler():
+    """The torch profiler on every thread (the calling thread only on a torch without that option)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    attempts = [{}]
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        attempts.insert(0, {"experimental_config": _ExperimentalConfig(profile_all_threads=True)})
+    except (ImportError, TypeError):
+        pass
+    for options in attempts:
+        profiler = profile(activities=[ProfilerActivity.CPU], **options)
+        try:
+            profiler.__enter__()
+            return profiler
+        except RuntimeError as exc:
+            error = exc
+    raise LabCheckFailed(f"could not watch your call ({error}): do not leave a torch profiler running in your "
+                         "module while it is graded")
+
+
+def _stop_profiler(profiler) -> list[str]:
+    """Names of the ops the profiler saw, less the grader's own work ('aten::' dropped)."""
+    try:
+        profiler.__exit__(None, None, None)
+        events = profiler.events()
+    except (RuntimeError, AssertionError) as exc:
+        raise LabCheckFailed(f"the profiler that watches your call was disturbed inside it ({exc}): do not "
+                             "start, stop or reconfigure torch profilers in your code") from None
+    ops = []
+    for event in events or []:
+        if getattr(event, "is_user_annotation", False) or "::" not in event.name:
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("infracourse::"):
+            parent = parent.cpu_parent
+        if parent is not None and parent.name in (GUARD_MARK, TUNER_MARK):
+            continue
+        namespace, _, op = event.name.partition("::")
+        if namespace != "profiler":
+            ops.append(op if namespace == "aten" else event.name)
+    return ops
 
 
 @contextmanager
@@ -117,7 +204,8 @@ def watch_call(poison: bool = True):
     """Record aten ops and Triton launches made inside the block: `with watch_call() as rec: f(x)`.
 
     With `poison`, floating-point tensors allocated inside the block start as NaN (an element the kernel
-    never writes stays NaN) and are fenced by canaries (a store past the end changes one).
+    never writes stays NaN) and are fenced by canaries (a store past the end changes one). `rec.profiled` is
+    filled when the block ends. Watches do not nest (one profiler at a time).
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -127,29 +215,59 @@ def watch_call(poison: bool = True):
     class _Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if _in_kernel():
-                return out
+            context = _context()
+            if context == "tuner" or func.namespace == "profiler":
+                return out  # Triton's benchmarking, or the profiler's own bookkeeping
             name = func._overloadpacket.__name__
             record.ops.append(name)
-            if poison and name in ALLOCATION_OPS and out.is_floating_point() and out.numel():
-                out, fence = poisoned_allocation(out)
+            if context is None and poison and name in ALLOCATION_OPS and out.is_floating_point() and out.numel():
+                with _mark(GUARD_MARK):
+                    out, fence = poisoned_allocation(out)
                 record.allocations.append(fence)
             return out
 
+    profiler = _start_profiler()
     _state.records = getattr(_state, "records", []) + [record]
     try:
         with _Recorder():
             yield record
     finally:
         _state.records = [r for r in _state.records if r is not record]
+        record.profiled = _stop_profiler(profiler)
+
+
+def snapshot_inputs(args: tuple) -> list:
+    """Private copies of the tensor arguments, taken before a learner's call."""
+    import torch
+
+    return [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
+
+
+def _same_bits(a, b) -> bool:
+    """Equal bit for bit (NaN inputs compare equal to themselves)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(*(t.detach().reshape(-1).contiguous().view(torch.uint8) for t in (a, b)))
+
+
+def require_inputs_unchanged(args: tuple, snapshot: list, what: str = "your function") -> None:
+    """Fail when the call changed any tensor argument: a reference computed afterwards would be fooled."""
+    for position, (arg, before) in enumerate(zip(args, snapshot)):
+        if before is not None and not _same_bits(arg, before):
+            raise LabCheckFailed(f"{what} modified its input (argument {position}): write the result into a new "
+                                 "tensor and leave the inputs as they were")
 
 
 def run_watched(fn: Callable[..., Any], *args, allowed: frozenset[str] = MEMORY_OPS, name: str = "your function",
                 replaces: str = "the library op", require_kernel: bool = True) -> Any:
-    """Call fn with poisoned allocations; fail on a store out of bounds and, with `require_kernel`, unless a
-    Triton kernel ran and no computing torch op did."""
+    """Call fn with poisoned allocations; fail on a store out of bounds or a changed input and, with
+    `require_kernel`, unless a Triton kernel ran and no computing torch op did."""
+    inputs = snapshot_inputs(args)
     with watch_call() as record:
         out = fn(*args)
+    require_inputs_unchanged(args, inputs, name)
     stray = record.out_of_bounds_writes()
     if stray:
         raise LabCheckFailed(f"{name} wrote {stray} element(s) outside the buffers it allocated: a store past the "
@@ -174,6 +292,9 @@ def require_plain_tensor(out: Any, *, like: Any = None, shape=None, dtype=None, 
     if type(out) is not torch.Tensor:
         raise LabCheckFailed(f"{what} is a {type(out).__name__}, not a plain torch.Tensor: return the tensor "
                              "your kernel wrote into (subclasses and lazy wrappers are not accepted)")
+    if out.layout != torch.strided or out.is_nested:
+        raise LabCheckFailed(f"{what} is a {'nested' if out.is_nested else out.layout} tensor: return a dense "
+                             "tensor holding every value")
     if like is not None:
         shape, dtype, device = like.shape, like.dtype, like.device
     problems = []

@@ -1,0 +1,396 @@
+"""Grader integrity: every known way of fooling a kernel benchmark fails against the shared harness
+(guard, bench, compare, grading.perf). CPU-only: Triton kernels run in the interpreter and bench.measure
+times on the host; the GPU-only paths (side streams, the caching allocator) are in test_integrity_gpu.py.
+Each cheat is a small working function, so each test shows the defence, not a stub."""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+
+import pytest
+import torch
+
+from infracourse import bench
+from infracourse.compare import assert_close
+from infracourse.grading import perf
+from infracourse.guard import LabCheckFailed, fenced, require_plain_tensor, require_possible, run_watched
+from infracourse.hardware import Ceilings
+
+ROWS, COLS = 6, 1000
+
+
+# ----------------------------------------------------------------- small Triton softmaxes, right and wrong
+@pytest.fixture(scope="module")
+def kernels():
+    """Row softmax kernels under the Triton interpreter (decorated with TRITON_INTERPRET=1, which is read
+    when @triton.jit runs), in a right version and the wrong ones the defences must catch."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def row_softmax(x_ptr, y_ptr, n, BLOCK: tl.constexpr, SUBTRACT_MAX: tl.constexpr, MASK_LOAD: tl.constexpr,
+                        MASK_STORE: tl.constexpr, FP16: tl.constexpr):
+            cols = tl.arange(0, BLOCK)
+            offsets = tl.program_id(0) * n + cols
+            if MASK_LOAD:
+                x = tl.load(x_ptr + offsets, mask=cols < n, other=-float("inf"))
+            else:
+                x = tl.load(x_ptr + offsets)
+            x = x.to(tl.float16) if FP16 else x.to(tl.float32)
+            if SUBTRACT_MAX:
+                x = x - tl.max(x, axis=0)
+            numerator = tl.exp(x)
+            y = numerator / tl.sum(numerator, axis=0)
+            if MASK_STORE:
+                tl.store(y_ptr + offsets, y.to(tl.float32), mask=cols < n)
+            else:
+                tl.store(y_ptr + offsets, y.to(tl.float32))
+
+        def make(subtract_max=True, mask_load=True, mask_store=True, fp16=False):
+            def softmax(x):
+                y = torch.empty_like(x)
+                n = x.shape[-1]
+                row_softmax[(x.shape[0],)](x, y, n, BLOCK=triton.next_power_of_2(n), SUBTRACT_MAX=subtract_max,
+                                           MASK_LOAD=mask_load, MASK_STORE=mask_store, FP16=fp16)
+                return y
+            return softmax
+
+        yield make
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _rows(scale=1.0, offset=0.0):
+    return torch.randn(ROWS, COLS) * scale + offset
+
+
+def _expected(x):
+    return torch.softmax(x.double(), dim=-1)
+
+
+def test_the_right_kernel_passes_every_defence(kernels):
+    softmax = kernels()
+    for x in (_rows(), _rows(offset=1e4), fenced(_rows(scale=1e3))):
+        out = run_watched(softmax, x, name="softmax", replaces="torch.softmax")
+        require_plain_tensor(out, like=x)
+        assert_close(out, _expected(x))
+
+
+# ----------------------------------------------------------------- calling the library op
+def _with_show_kernel(kernels, compute):
+    """A cheat: launch the right kernel for show, return what torch computed."""
+    show = kernels()
+
+    def cheat(x):
+        show(x)
+        return compute(x)
+    return cheat
+
+
+def _in_a_thread(x):
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("y", torch.softmax(x, dim=-1)))
+    worker.start()
+    worker.join()
+    return result["y"]
+
+
+def _dispatch_mode_switched_off(x):
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return torch.softmax(x, dim=-1)
+
+
+def _python_dispatch_excluded(x):
+    with torch._C._DisableTorchDispatch():
+        return torch.softmax(x, dim=-1)
+
+
+LIBRARY_CHEATS = {
+    "torch.softmax": lambda x: torch.softmax(x, dim=-1),
+    "F.softmax": lambda x: torch.nn.functional.softmax(x, dim=-1),
+    "Tensor.softmax": lambda x: x.softmax(-1),
+    "aten._softmax directly": lambda x: torch.ops.aten._softmax.default(x, -1, False),
+    "exp / sum by hand": lambda x: (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp()
+    .sum(-1, keepdim=True),
+    "on another thread": _in_a_thread,
+    "with the dispatch mode switched off": _dispatch_mode_switched_off,
+    "with Python dispatch excluded": _python_dispatch_excluded,
+}
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_CHEATS))
+def test_calling_the_library_op_fails_kernel_did_work(kernels, name):
+    cheat = _with_show_kernel(kernels, LIBRARY_CHEATS[name])
+    with pytest.raises(LabCheckFailed, match=r"called torch compute ops \[.*(softmax|exp|amax|sum)"):
+        run_watched(cheat, _rows(), name="softmax", replaces="torch.softmax")
+
+
+SMUGGLED: dict = {}  # the interpreter runs a kernel body with its module's globals
+
+
+def test_torch_called_inside_an_interpreted_kernel_body_is_seen(kernels):
+    # Under the interpreter a kernel body is plain Python: a torch call there is the learner's, not Triton's.
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def smuggler(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            SMUGGLED["y"] = torch.softmax(SMUGGLED["x"], dim=-1)
+            cols = tl.arange(0, BLOCK)
+            tl.store(y_ptr + cols, tl.load(x_ptr + cols, mask=cols < n), mask=cols < n)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+    def cheat(x):
+        SMUGGLED["x"] = x
+        smuggler[(1,)](x, torch.empty_like(x), x.numel(), BLOCK=1024)
+        return SMUGGLED["y"]
+
+    with pytest.raises(LabCheckFailed, match="_softmax"):
+        run_watched(cheat, _rows(), name="softmax", replaces="torch.softmax")
+
+
+def test_no_kernel_at_all_fails(kernels):
+    with pytest.raises(LabCheckFailed, match="launched no Triton kernel"):
+        run_watched(lambda x: torch.empty_like(x), _rows(), name="softmax")
+
+
+# ----------------------------------------------------------------- numerics: overflow, masks, precision
+def test_no_max_subtraction_fails_the_overflow_check(kernels):
+    naive = kernels(subtract_max=False)
+    x = _rows()
+    assert_close(naive(x), _expected(x))  # ordinary values: the naive kernel is right...
+    for big in (_rows(offset=1e4), _rows(offset=-1e4), _rows(scale=1e3)):
+        with pytest.raises(LabCheckFailed, match="NaN|infinities|out of tolerance"):
+            assert_close(naive(big), _expected(big))  # ...until exp overflows (inf/inf) or underflows (0/0)
+
+
+def test_missing_tail_mask_on_load_reads_the_fence(kernels):
+    x = fenced(_rows()[:1])  # one row of 1000: a block of 1024 runs 24 elements past the end
+    out = run_watched(kernels(mask_load=False), x, name="softmax")
+    with pytest.raises(LabCheckFailed, match="NaN"):
+        assert_close(out, _expected(x))
+
+
+def test_missing_tail_mask_on_store_hits_a_canary(kernels):
+    with pytest.raises(LabCheckFailed, match=r"wrote \d+ element\(s\) outside"):
+        run_watched(kernels(mask_store=False), _rows(), name="softmax")
+
+
+def test_fp32_computed_in_fp16_fails_the_fp32_tolerance(kernels):
+    x = _rows()
+    assert_close(kernels()(x), _expected(x))
+    with pytest.raises(LabCheckFailed, match="out of tolerance"):
+        assert_close(kernels(fp16=True)(x), _expected(x))
+
+
+# ----------------------------------------------------------------- lazy, subclassed, misplaced outputs
+class Subclassed(torch.Tensor):
+    pass
+
+
+class LazyWrapper:
+    """Looks like a tensor to torch functions, computes only when asked."""
+
+    def __init__(self, compute):
+        self.compute = compute
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args = [a.compute() if isinstance(a, LazyWrapper) else a for a in args]
+        return func(*args, **(kwargs or {}))
+
+
+BAD_OUTPUTS = {
+    "a torch.Tensor subclass": lambda x: torch.softmax(x, -1).as_subclass(Subclassed),
+    "an nn.Parameter": lambda x: torch.nn.Parameter(torch.softmax(x, -1), requires_grad=False),
+    "a lazy wrapper": lambda x: LazyWrapper(lambda: torch.softmax(x, -1)),
+    "a NumPy array": lambda x: torch.softmax(x, -1).numpy(),
+    "a meta tensor": lambda x: torch.empty_like(x, device="meta"),
+    "a sparse tensor": lambda x: torch.softmax(x, -1).to_sparse(),
+    "a nested tensor": lambda x: torch.nested.nested_tensor(list(torch.softmax(x, -1))),
+    "the wrong dtype": lambda x: torch.softmax(x, -1).double(),
+    "the wrong shape": lambda x: torch.softmax(x, -1)[:, :-1],
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_OUTPUTS))
+def test_lazy_subclassed_or_misplaced_outputs_are_rejected(name):
+    x = _rows()
+    with pytest.raises(LabCheckFailed):
+        require_plain_tensor(BAD_OUTPUTS[name](x), like=x, what="softmax output")
+
+
+def test_a_plain_output_is_accepted():
+    x = _rows()
+    assert require_plain_tensor(torch.softmax(x, -1), like=x) is not None
+
+
+# ----------------------------------------------------------------- caches and skipped work under bench.measure
+def _check_softmax(out, args):
+    assert_close(out, _expected(args[0]), what="a timed softmax")
+
+
+def _fresh():
+    return (_rows(),)
+
+
+def test_an_output_cache_keyed_by_data_ptr_is_caught():
+    cache, hits = {}, []
+
+    def cached_softmax(x):
+        key = (x.data_ptr(), tuple(x.shape))
+        if key in cache:
+            hits.append(key)
+            return cache[key]
+        return cache.setdefault(key, torch.softmax(x, -1))
+
+    with pytest.raises(LabCheckFailed, match="out of tolerance"):
+        bench.measure(cached_softmax, make_args=_fresh, check=_check_softmax, reps=200, device="cpu")
+    assert hits, "the allocator never reused an address: this test proved nothing"
+
+
+def test_an_output_cache_keyed_by_content_never_hits():
+    seen, hits = set(), []
+
+    def cached_softmax(x):
+        key = hash(x.numpy().tobytes())
+        if key in seen:
+            hits.append(key)
+        seen.add(key)
+        return torch.softmax(x, -1)
+
+    bench.measure(cached_softmax, make_args=_fresh, check=_check_softmax, reps=200, device="cpu")
+    assert not hits and len(seen) > 200  # fresh values every call (warm-up and checks included): nothing to reuse
+
+
+def test_skipping_the_work_on_calls_a_fixed_schedule_would_not_check_is_caught():
+    calls = []
+
+    def lazy_softmax(x):
+        calls.append(1)
+        n = len(calls) - 3  # the timed call number, after 3 warm-up calls
+        if n == 1 or n % 10 == 0 or n > 200:  # the calls a fixed schedule (first, every tenth, the extra) checks
+            return torch.softmax(x, -1)
+        return torch.empty_like(x)
+
+    with pytest.raises(LabCheckFailed, match="out of tolerance|NaN"):
+        bench.measure(lazy_softmax, make_args=_fresh, check=_check_softmax, reps=200, device="cpu")
+
+
+def test_a_function_that_changes_its_input_is_caught():
+    def overwrite_then_answer(x):
+        x.zero_()  # softmax of zeros is uniform: a reference computed from x afterwards would agree
+        return torch.full_like(x, 1 / x.shape[-1])
+
+    with pytest.raises(LabCheckFailed, match="modified its input"):
+        bench.measure(overwrite_then_answer, make_args=_fresh, check=_check_softmax, reps=20, device="cpu")
+    with pytest.raises(LabCheckFailed, match="modified its input"):
+        run_watched(overwrite_then_answer, _rows(), name="softmax", require_kernel=False)
+
+
+def test_checks_see_a_private_copy_of_the_inputs():
+    seen = []
+    bench.measure(lambda x: torch.softmax(x, -1), make_args=_fresh, reps=20, device="cpu",
+                  check=lambda out, args: seen.append(args[0]))
+    assert seen and all(isinstance(a, torch.Tensor) for a in seen)
+
+
+# ----------------------------------------------------------------- side streams: the escaped logic
+def _timing(median_s, wall_s, device="cuda"):
+    return bench.Timing(median_s=median_s, p10_s=median_s, p90_s=median_s, samples_s=[median_s],
+                        wall_per_call_s=wall_s, device=device)
+
+
+@pytest.mark.parametrize("median_us, wall_us, escaped", [
+    (2.0, 400.0, True),     # events saw the launch only; the device-wide clock saw the work
+    (100.0, 190.0, False),  # under twice: launch overhead and jitter, not hidden work
+    (1.0, 15.0, False),     # more than twice but a few microseconds: a tiny kernel's Python overhead
+    (300.0, 310.0, False),  # honest
+])
+def test_escaped_flags_work_outside_the_timed_stream(median_us, wall_us, escaped):
+    timing = _timing(median_us * 1e-6, wall_us * 1e-6)
+    assert timing.escaped is escaped
+    assert timing.seconds == pytest.approx(max(median_us, wall_us) * 1e-6)  # never less than the wall clock saw
+
+
+def test_cpu_timings_have_no_wall_cross_check():
+    timing = _timing(1e-3, None, device="cpu")
+    assert not timing.escaped and timing.seconds == 1e-3
+
+
+def test_timed_rejects_an_escaped_timing(monkeypatch):
+    escaped = _timing(2e-6, 400e-6)
+
+    def fake_measure(fn, **kwargs):
+        return escaped
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setitem(perf._GENUINE, "bench.measure", fake_measure)  # the harness itself, not a learner
+    with pytest.raises(LabCheckFailed, match="ran outside the timed stream"):
+        perf.timed(lambda: None, lambda: (), check=lambda out, args: None)
+
+
+# ----------------------------------------------------------------- faster than physics, replaced clocks
+CEILINGS = Ceilings(device="test", copy_gbps=1000.0, matmul_tflops={"bfloat16": 100.0})
+
+
+def test_require_possible_floors():
+    require_possible(1e-3, bytes_moved=1e9, copy_gbps=1000)  # 1 GB at 1 TB/s takes 1 ms: possible
+    with pytest.raises(LabCheckFailed, match="did not do the work"):
+        require_possible(0.5e-3, bytes_moved=1e9, copy_gbps=1000)  # twice the bandwidth: beyond the 1.5x slack
+    with pytest.raises(LabCheckFailed, match="did not do the work"):
+        require_possible(1e-6, flops=1e12, peak_tflops=100)
+
+
+def test_timed_rejects_a_time_faster_than_the_device_allows():
+    x = _rows()
+
+    def skipped(x):  # claims to move a GB, returns at once (a cached or skipped computation)
+        return x
+
+    with pytest.raises(LabCheckFailed, match="did not do the work"):
+        perf.timed(skipped, lambda: (x,), check=lambda out, args: None, bytes_moved=1e9, ceilings=CEILINGS)
+    perf.timed(skipped, lambda: (x,), check=lambda out, args: None, bytes_moved=8, ceilings=CEILINGS)
+
+
+@pytest.mark.parametrize("target, name", [(time, "perf_counter"), (statistics, "median"),
+                                          (torch.cuda, "synchronize"), (torch.cuda.Event, "elapsed_time"),
+                                          (bench.Timing, "seconds")])
+def test_timed_refuses_a_replaced_clock(monkeypatch, target, name):
+    # what a learner's module could do at import, in the grader's process
+    monkeypatch.setattr(target, name, property(lambda self: 0.0) if target is bench.Timing else lambda *a, **k: 0.0)
+    with pytest.raises(LabCheckFailed, match="replaced the clock"):
+        perf.timed(lambda: None, lambda: (), check=lambda out, args: None)
+
+
+@pytest.mark.slow
+def test_a_cpp_extension_calling_at_softmax_is_seen(tmp_path):
+    """The CUDA C++ route's cheat: the library op called from C++. It still goes through the dispatcher,
+    where both observers see it (kernel-did-work checks the CUDA route this way on a GPU)."""
+    from torch.utils.cpp_extension import load_inline
+
+    from infracourse.guard import watch_call
+
+    extension = load_inline(name="infracourse_integrity_cheat", build_directory=str(tmp_path),
+                            cpp_sources="torch::Tensor softmax(torch::Tensor x) { return torch::softmax(x, -1); }",
+                            functions=["softmax"])
+    with watch_call() as record:
+        extension.softmax(_rows())
+    assert "_softmax" in record.compute_ops()
