@@ -1,0 +1,88 @@
+"""Week 8 graders' shared fixtures: the learner's softmax on either route, and how its output is judged.
+
+Two routes, chosen by BACKEND in softmax.py: "triton" (runs everywhere; on a CPU through the interpreter)
+or "cuda" (the kernel in softmax_cuda.cu, built with torch.utils.cpp_extension; it runs only on a GPU, so
+on a CPU its checks are blocked and kernel-did-work compile-checks the file with nvcc instead).
+"""
+import pytest
+import torch
+
+from infracourse.compare import assert_close, tolerance
+from infracourse.grading.plugin import BLOCKED_PREFIX
+from infracourse.guard import LabCheckFailed, require_plain_tensor, run_watched
+from infracourse.kit.triton_compat import patch_interpreter_scalars
+
+patch_interpreter_scalars()  # the online kernel's runtime-bounded loops under TRITON_INTERPRET=1 with NumPy >= 2.4
+
+ROUTES = ("triton", "cuda")
+# Below 6.1e-5 fp16 is subnormal, spaced 6e-8 apart: rounding there loses up to half a step whatever the kernel.
+FP16_SUBNORMAL_STEP = 6e-8
+
+
+@pytest.fixture(scope="session")
+def module(learner):
+    return learner.module("softmax")
+
+
+@pytest.fixture(scope="session")
+def route(module) -> str:
+    backend = getattr(module, "BACKEND", "triton")
+    if backend not in ROUTES:
+        raise LabCheckFailed(f"softmax.py sets BACKEND = {backend!r}: use \"triton\" or \"cuda\"")
+    return backend
+
+
+@pytest.fixture(scope="session")
+def softmax(module, route, device):
+    """The learner's softmax, ready to call here. The CUDA route's extension is built now, outside any check's
+    watch (about a minute the first time; torch caches the build)."""
+    if route == "cuda":
+        if device != "cuda":
+            pytest.skip(BLOCKED_PREFIX + "the CUDA C++ route (BACKEND = \"cuda\") runs only on a CUDA GPU; on this "
+                        "machine kernel-did-work compile-checks softmax_cuda.cu with nvcc")
+        module.softmax(torch.zeros(2, 8, device="cuda"))
+        torch.cuda.synchronize()
+    return module.softmax
+
+
+def softmax_tolerance(x: torch.Tensor) -> tuple[float, float]:
+    """(rtol, atol) for a softmax of x. Outputs are about 1/n for rows of n, so the absolute tolerance shrinks
+    with n: a fixed 1e-6 would accept zeros for every element of a long row."""
+    rtol, _ = tolerance(x.dtype)
+    n = max(x.shape[-1], 1)
+    return rtol, FP16_SUBNORMAL_STEP if x.dtype == torch.float16 else 1e-6 / n
+
+
+def expect_softmax(out, x: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """out must be a plain tensor like x holding softmax(x) (`expected`, float64) within tolerance."""
+    require_plain_tensor(out, like=x, what=f"softmax output for {what}")
+    rtol, atol = softmax_tolerance(x)
+    assert_close(out, expected, rtol=rtol, atol=atol, what=f"softmax for {what}")
+
+
+@pytest.fixture(scope="session")
+def expect():
+    return expect_softmax
+
+
+@pytest.fixture(scope="session")
+def graded(softmax):
+    """graded(x, what): call the learner's softmax watched (poisoned outputs, fenced stores, inputs that must
+    stay unchanged) and compare with the float64 softmax of a private copy of x."""
+    def _graded(x: torch.Tensor, what: str):
+        expected = torch.softmax(x.detach().double(), dim=-1)
+        out = run_watched(softmax, x, name="softmax", require_kernel=False)
+        expect_softmax(out, x, expected, what)
+        return out
+
+    return _graded
+
+
+@pytest.fixture(scope="session")
+def timed_check():
+    """check(out, args) for bench.measure: each sampled timed output must be softmax(args[0])."""
+    def check(out, args):
+        x = args[0]
+        expect_softmax(out, x, torch.softmax(x.double(), dim=-1), f"a timed call on {tuple(x.shape)} {x.dtype}")
+
+    return check
