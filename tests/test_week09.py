@@ -69,6 +69,10 @@ VARIANTS = {
     "intensity forgets C": ("roofline", replace_once(
         "moved = (M * K + K * N + M * N) * dtype.itemsize", "moved = (M * K + K * N) * dtype.itemsize")),
 }
+REPORT_VARIANTS = {
+    # the conclusion tells of the gain only
+    "report without a regression": ("report", lambda text: text[:text.index("Regression: ")]),
+}
 
 
 # Wrong only on a GPU: the interpreter ignores tf32 and has no speed to lose.
@@ -78,6 +82,12 @@ GPU_VARIANTS = {
     # the smallest tiles for every shape: correct, and far from cuBLAS on large squares
     "small tiles only": ("cublas-4096", replace_once("if M * N < 256 * 256:", "if M * N > 0:")),
 }
+
+
+@pytest.mark.parametrize("name", list(REPORT_VARIANTS))
+def test_wrong_report_fails(grade_lab, name):
+    check_id, edit = REPORT_VARIANTS[name]
+    assert_variant_fails(grade_lab, "week09", check_id, {"report.md": edit})
 
 
 @pytest.mark.parametrize("name", list(VARIANTS) + list(GPU_VARIANTS))

@@ -67,6 +67,20 @@ VARIANTS = {
 }
 
 
+REPORT_VARIANTS = {
+    # the operator's speed-up stated, the training step's change left out
+    "report without the end-to-end change": ("report", replace_once(
+        "End-to-end training-step change: predicted 1.3x at most from the share above; the `end-to-end` check "
+        "measures\n", "The `end-to-end` check measures\n")),
+}
+
+
+@pytest.mark.parametrize("name", list(REPORT_VARIANTS))
+def test_wrong_report_fails(grade_lab, name):
+    check_id, edit = REPORT_VARIANTS[name]
+    assert_variant_fails(grade_lab, "week10", check_id, {"report.md": edit})
+
+
 # Wrong only on a GPU: the interpreter has no bandwidth to lose.
 GPU_VARIANTS = {
     # y written in fp32 and converted afterwards: an extra copy, three times the traffic for bf16
