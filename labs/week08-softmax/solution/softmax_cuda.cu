@@ -1,6 +1,7 @@
 // Week 8, CUDA C++ route: softmax over the last dimension (reference solution).
 //
-// One thread block per row. Pass 1: each thread walks the row with stride blockDim.x, keeping the running
+// One thread block per row. A row of up to kThreads * kMaxPerThread elements is held in registers: one read
+// from memory, a block-wide max, a block-wide sum of exp(x - max), one write. Longer rows stream: pass 1: each thread walks the row with stride blockDim.x, keeping the running
 // maximum m of the values it has seen and the running sum d of exp(x - m) (online softmax: a new maximum
 // rescales the old sum by exp(m_old - m_new)). The block then merges the threads' (m, d) pairs, within each
 // warp by shuffles and across warps through shared memory. Pass 2 reads the row again (from L2 when it fits)
@@ -19,6 +20,7 @@
 namespace {
 
 constexpr int kThreads = 256;  // 8 warps per row
+constexpr int kMaxPerThread = 32;  // rows up to 8192 elements stay in registers (32 floats per thread)
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 // torch's build defines __CUDA_NO_HALF_CONVERSIONS__ and friends: convert explicitly.
@@ -50,6 +52,57 @@ __device__ __forceinline__ Partial warp_merge(Partial p) {
         p = merge(p, other);
     }
     return p;
+}
+
+// Block-wide reduction with `op`; every thread gets the result. `scratch` holds one value per warp.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, Op op, float* scratch) {
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullWarp, v, offset));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // scratch may still be read by a previous reduction
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[lane % (kThreads / 32)];
+    for (int offset = kThreads / 64; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullWarp, v, offset));
+    return v;
+}
+
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Sum {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Rows short enough for registers: memory is touched exactly once each way, and each element costs one exp.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) softmax_in_registers(const T* __restrict__ x, T* __restrict__ y,
+                                                                 int64_t cols, int64_t x_row_stride,
+                                                                 int64_t y_row_stride) {
+    const T* x_row = x + blockIdx.x * x_row_stride;
+    T* y_row = y + blockIdx.x * y_row_stride;
+    __shared__ float scratch[kThreads / 32];
+    float v[kMaxPerThread];
+    float m = -CUDART_INF_F;
+#pragma unroll
+    for (int i = 0; i < kMaxPerThread; ++i) {  // consecutive threads read consecutive elements: coalesced
+        const int64_t c = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+        v[i] = c < cols ? to_float(x_row[c]) : -CUDART_INF_F;
+        m = fmaxf(m, v[i]);
+    }
+    m = block_reduce(m, Max{}, scratch);
+    float d = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPerThread; ++i) {
+        v[i] = expf(v[i] - m);  // padding lanes hold -inf: exp gives 0; a row of -inf gives NaN, as torch does
+        d += v[i];
+    }
+    const float inv_sum = 1.0f / block_reduce(d, Sum{}, scratch);
+#pragma unroll
+    for (int i = 0; i < kMaxPerThread; ++i) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+        if (c < cols) y_row[c] = from_float<T>(v[i] * inv_sum);
+    }
 }
 
 template <typename T>
@@ -91,8 +144,9 @@ __global__ void __launch_bounds__(kThreads) softmax_kernel(const T* __restrict__
 template <typename T>
 void launch(const void* x, void* y, int64_t rows, int64_t cols, int64_t x_row_stride, int64_t y_row_stride,
             cudaStream_t stream) {
-    softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), cols, x_row_stride, y_row_stride);
+    const auto kernel = cols <= kThreads * kMaxPerThread ? softmax_in_registers<T> : softmax_kernel<T>;
+    kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), cols,
+                                                                 x_row_stride, y_row_stride);
 }
 
 }  // namespace
