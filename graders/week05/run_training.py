@@ -27,7 +27,8 @@ NOT_WRITTEN = 2
 
 def _train(learner, run_dir, steps, save_every, device, precision, final):
     torch.set_num_threads(1)  # one thread: CPU kernels then sum in one fixed order, run after run
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device == "cuda":  # (on the CPU every op this model uses is deterministic already; the switch costs
+        torch.use_deterministic_algorithms(True, warn_only=True)  # seconds of imports)
     import train
 
     def on_step(step, loss, inputs):

@@ -48,7 +48,8 @@ def _train_process(learner_dir: Path, run_dir: Path, device: str, precision: str
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
     command = [sys.executable, str(DRIVER), "train", str(learner_dir), str(run_dir), str(STEPS), str(SAVE_EVERY),
                device, precision, str(final)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
+    with log.open("w") as stderr:  # the child keeps its own handle
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
 
 
 def _step_line(text: str) -> dict | None:
@@ -79,6 +80,15 @@ def kill_and_resume(learner_dir: Path, work: Path, device: str, precision: str, 
     # the uninterrupted run and the one to be killed are independent: run them side by side
     uninterrupted = _train_process(learner_dir, work / "full", device, precision, work / "full.pt",
                                    work / "full.log")
+    try:
+        return _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, kill_at, seed)
+    finally:
+        if uninterrupted.poll() is None:  # the other run failed first: do not leave this one behind
+            uninterrupted.kill()
+            uninterrupted.wait()
+
+
+def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, kill_at, seed) -> KillAndResume:
     proc = _train_process(learner_dir, work / "interrupted", device, precision, work / "x.pt", work / "killed.log")
     killed = Run()
     for text in proc.stdout:
@@ -88,13 +98,13 @@ def kill_and_resume(learner_dir: Path, work: Path, device: str, precision: str, 
                 os.kill(proc.pid, signal.SIGKILL)  # whatever it is doing now: stepping, or writing a checkpoint
                 break
     _finish(proc, work / "killed.log", "run to be interrupted", None, killed)
-    full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
     if not killed.steps or killed.steps[-1]["step"] < kill_at:
         raise RuntimeError(f"the run to be interrupted ended before step {kill_at} (exit code {proc.returncode}):\n"
                            + (work / "killed.log").read_text(errors="replace")[-1500:])
 
     proc = _train_process(learner_dir, work / "interrupted", device, precision, work / "resumed.pt",
                           work / "resumed.log")
+    full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
     resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
     return KillAndResume(full, killed, resumed, kill_at, seed)
 
