@@ -1,8 +1,7 @@
 """What a lab's proof asserts, for the tests/test_weekNN.py that use it: the solution completes the week on
-this machine within the time budget, and a wrong variant fails the check meant to catch it."""
+this machine, and a wrong variant fails the check meant to catch it. (Grading time is a target measured in
+docs/grading-times.md, not a timed assertion: a loaded CI machine must not turn it into a flaky failure.)"""
 from __future__ import annotations
-
-GRADE_BUDGET_S = 60  # a week grades in under a minute on a 2-core CPU
 
 
 def assert_solution_passes(grade_lab, machine, week: str) -> dict:
@@ -11,7 +10,6 @@ def assert_solution_passes(grade_lab, machine, week: str) -> dict:
     for check in checks.values():
         expected = "passed" if machine.satisfies(check.needs) else "blocked"
         assert check.status == expected, (check.id, check.message)
-    assert result.seconds < GRADE_BUDGET_S, f"{week} graded in {result.seconds:.0f} s"
     return checks
 
 
