@@ -20,7 +20,8 @@
 namespace {
 
 constexpr int kThreads = 256;  // 8 warps per row
-constexpr int kMaxPerThread = 32;  // rows up to 8192 elements stay in registers (32 floats per thread)
+constexpr int kMaxPerThread = 32;
+constexpr int kChunk = 4;  // elements per thread per step on rows too long for registers  // rows up to 8192 elements stay in registers (32 floats per thread)
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 // torch's build defines __CUDA_NO_HALF_CONVERSIONS__ and friends: convert explicitly.
@@ -111,17 +112,25 @@ __global__ void __launch_bounds__(kThreads) softmax_kernel(const T* __restrict__
     const T* x_row = x + blockIdx.x * x_row_stride;  // 64-bit offsets: rows * stride can pass 2^31
     T* y_row = y + blockIdx.x * y_row_stride;
 
-    // Pass 1: one read of the row; one exp per element (two when the maximum grows).
+    // Pass 1: one read of the row. Each thread takes kChunk elements at a time, issuing their loads together
+    // (more bytes in flight), then folds the chunk into its running (m, d) with one rescale.
     Partial p = {-CUDART_INF_F, 0.0f};
-#pragma unroll 4
-    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-        const float v = to_float(x_row[c]);
-        if (v > p.m) {
-            p.d = p.d * expf(p.m - v) + 1.0f;
-            p.m = v;
-        } else if (p.m != -CUDART_INF_F) {
-            p.d += expf(v - p.m);
+    for (int64_t base = threadIdx.x; base < cols; base += static_cast<int64_t>(kThreads) * kChunk) {
+        float v[kChunk];
+        float chunk_max = -CUDART_INF_F;
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+            const int64_t c = base + static_cast<int64_t>(j) * kThreads;
+            v[j] = c < cols ? to_float(x_row[c]) : -CUDART_INF_F;
+            chunk_max = fmaxf(chunk_max, v[j]);
         }
+        if (chunk_max == -CUDART_INF_F) continue;  // nothing but -inf (or past the end): adds nothing
+        const float m = fmaxf(p.m, chunk_max);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) sum += expf(v[j] - m);
+        p.d = p.d * expf(p.m - m) + sum;  // exp(-inf) = 0 while p is still empty
+        p.m = m;
     }
 
     // The block's total: warps merge their lanes, lane 0 of each publishes, every warp merges those.
@@ -135,9 +144,18 @@ __global__ void __launch_bounds__(kThreads) softmax_kernel(const T* __restrict__
 
     // Pass 2: normalise. A row of -inf only gives NaN, as torch.softmax does.
     const float inv_sum = 1.0f / p.d;
-#pragma unroll 4
-    for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
-        y_row[c] = from_float<T>(expf(to_float(x_row[c]) - p.m) * inv_sum);
+    for (int64_t base = threadIdx.x; base < cols; base += static_cast<int64_t>(kThreads) * kChunk) {
+        float v[kChunk];
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {  // loads first, then math and stores: the loads overlap
+            const int64_t c = base + static_cast<int64_t>(j) * kThreads;
+            v[j] = c < cols ? to_float(x_row[c]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+            const int64_t c = base + static_cast<int64_t>(j) * kThreads;
+            if (c < cols) y_row[c] = from_float<T>(expf(v[j] - p.m) * inv_sum);
+        }
     }
 }
 
