@@ -1,0 +1,57 @@
+"""Grade every built lab's reference solution on this machine and print the figures as Markdown.
+
+    python benchmarks/grade_solutions.py [week07 week08 ...] [--out results.json]
+
+The raw data behind docs/gpu-results.md: each solution is copied to a scratch folder, its report stamped with
+this machine's environment, and graded by the same runner as `infracourse grade`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from infracourse.course import Course
+from infracourse.grading.report import stamp_environment
+from infracourse.grading.runner import grade
+from infracourse.hardware import cached_ceilings, detect
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("weeks", nargs="*")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    course, hw = Course(), detect()
+    labs = [course.lab(w) for w in args.weeks] if args.weeks else course.labs()
+    results = []
+    print(f"device: {hw.device_name}; torch {hw.torch}; triton {hw.triton}; cuda {hw.cuda}; driver {hw.driver}")
+    ceilings = cached_ceilings(hw) if hw.gpu_count else None
+    if ceilings:
+        print(f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s; matmul " +
+              ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceilings.matmul_tflops.items()))
+    with tempfile.TemporaryDirectory() as tmp:
+        for lab in labs:
+            folder = Path(tmp) / lab.spec.week
+            shutil.copytree(lab.solution, folder)
+            if lab.spec.report:
+                stamp_environment(folder / lab.spec.report, hw)
+            result = grade(course, lab.spec.week, folder, hardware=hw)
+            results.append(result.as_dict())
+            print(f"\n### {result.week}: {'complete' if result.complete else 'NOT complete'}"
+                  f"{' and verified on GPU' if result.verified_on_gpu else ''} ({result.seconds:.1f} s)")
+            print("| check | status | figures | message |\n|---|---|---|---|")
+            for c in result.checks:
+                figures = "; ".join(
+                    f"{name} {f['value']:.4g} {f.get('unit') or ''}".strip() +
+                    (f" (target {f['target']:.4g})" if isinstance(f.get("target"), (int, float)) else "")
+                    for name, f in c.figures.items() if isinstance(f.get("value"), (int, float)))
+                print(f"| {c.id} | {c.status} | {figures} | {c.message[:200].replace('|', '/')} |")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
