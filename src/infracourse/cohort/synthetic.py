@@ -121,7 +121,7 @@ def write_cohort(course: Course, out: Path, *, learners: int = 500, seed: int = 
                           infracourse_version=__version__, graders_sha256=digest, environment=hardware.as_dict(),
                           ceilings=asdict(ceilings) if ceilings else None)
             files = {"answer.py": (SOLUTION if solved else STARTER).encode(), "README.md": handout,
-                     "notes.md": _prose(i * 31 + number, 40).encode()}
+                     "notes.md": _prose(i * 31 + number, 100).encode()}
             paths.append(write_bundle(out / f"{learner}-{lab.spec.week}.zip", fields, files, result.as_dict()))
     return paths
 
