@@ -22,16 +22,26 @@ from infracourse.hardware import detect
 
 REPO = Path(__file__).resolve().parent.parent
 LEARNER_RELEASE = (REPO / "RELEASE.json").is_file()  # `infracourse release` wrote this copy: no solutions in it
+NO_SOLUTIONS = "needs the reference solutions, which a learner release does not ship (see RELEASE.json)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"solutions: {NO_SOLUTIONS}; skipped there")
+
+
+def pytest_runtest_setup(item):
+    if LEARNER_RELEASE and item.get_closest_marker("solutions"):
+        pytest.skip(NO_SOLUTIONS)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """In a learner release, a test stopped by a missing labs/*/solution file is skipped, saying why."""
+    """In a learner release, a test stopped by a missing labs/*/solution file is skipped too, saying why
+    (tests that miss the solutions some other way carry @pytest.mark.solutions)."""
     report = (yield).get_result()
     if LEARNER_RELEASE and call.excinfo and _missing_solution(call.excinfo.value):
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1], "Skipped: needs the reference solutions, which a "
-                           "learner release does not ship (see RELEASE.json)")
+        report.longrepr = (str(item.path), item.location[1], f"Skipped: {NO_SOLUTIONS}")
 
 
 def _missing_solution(error: BaseException) -> bool:

@@ -48,16 +48,19 @@ def test_release_of_this_repository_has_no_solution_and_works(tmp_path):
     assert "vector_ops.py" in report.copied
     # the second: the release's own test suite runs, skipping what needs a solution and saying why
     (out / "tests" / "test_probe_release.py").write_text(
-        "from conftest import REPO\n\n\n"
+        "import pytest\n\nfrom conftest import REPO\n\n\n"
         "def test_needs_a_solution():\n"
         f"    (REPO / '{WEEK07}' / 'solution' / 'vector_ops.py').read_text()\n\n\n"
+        "@pytest.mark.solutions\n"
+        "def test_marked_as_needing_solutions():\n"
+        "    assert False\n\n\n"
         "def test_fails_for_another_reason():\n"
         "    open('/nonexistent/file')\n")
     env = {**os.environ, "PYTHONPATH": str(out / "src")}
     env.pop("INFRACOURSE_COURSE", None)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                           "tests/test_probe_release.py"], cwd=out, env=env, capture_output=True, text=True)
-    assert "1 failed, 1 skipped" in run.stdout, run.stdout + run.stderr
+    assert "1 failed, 2 skipped" in run.stdout, run.stdout + run.stderr
     assert "learner release does not ship" in run.stdout
     collected = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider"],
                                cwd=out, env=env, capture_output=True, text=True)
@@ -68,6 +71,7 @@ def test_release_of_this_repository_has_no_solution_and_works(tmp_path):
 @pytest.fixture
 def course_copy(tmp_path):
     """A course folder outside git (release walks it) with the real week 7."""
+    (REPO / WEEK07 / "solution" / "vector_ops.py").stat()  # in a learner release: FileNotFoundError, a skip
     root = tmp_path / "course"
     for part in ("curriculum", WEEK07, "graders/week07"):
         shutil.copytree(REPO / part, root / part)

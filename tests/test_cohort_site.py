@@ -3,6 +3,7 @@ pseudonyms that hide learner ids, and a small-size run of the benchmark's cohort
 
 Regenerate the golden folder after an intended change with INFRACOURSE_UPDATE_GOLDENS=1, then review its diff.
 """
+import csv
 import difflib
 import json
 import os
@@ -17,7 +18,7 @@ from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.publish import PublishError, publish
 from infracourse.cohort.regrade import compare
 
-from cohort_support import crawl
+from cohort_support import crawl, members, rezip
 from conftest import REPO
 
 GOLDEN = REPO / "tests" / "goldens" / "cohort_site"
@@ -95,6 +96,19 @@ def test_pseudonyms_hide_learner_ids_and_stay_stable(cohort, tmp_path):
     assert sorted(p.name for p in _learners(again)) == names, "republishing keeps each learner's pseudonym"
     export(book, course, tmp_path / "grades.csv")
     assert "learner000" in (tmp_path / "grades.csv").read_text(), "the instructor's export keeps real ids"
+
+
+def test_csv_export_defuses_spreadsheet_formulas(cohort, tmp_path):
+    course, book = cohort
+    good = synthetic.write_cohort(course, tmp_path / "bundles", learners=8, seed=8, missing=0)[-1]
+    files = members(good)
+    results = json.loads(files["results.json"])
+    results["device"] = '=HYPERLINK("http://evil.example","GPU")'
+    forged = rezip(tmp_path / "forged.zip", {**files, "results.json": json.dumps(results).encode()}, rehash=True)
+    fresh = Gradebook.create(tmp_path / "gradebook.db", course)
+    assert fresh.import_bundles([forged], course).committed
+    rows = list(csv.DictReader(open(export(fresh, course, tmp_path / "grades.csv"))))
+    assert [r["device"] for r in rows if r["device"]] == ["'" + results["device"]]
 
 
 def test_publish_never_replaces_a_folder_that_is_not_a_site(cohort, tmp_path):

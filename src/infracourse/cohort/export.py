@@ -37,8 +37,8 @@ def export(gradebook: Gradebook, course: Course, out: Path) -> Path:
         with part.open("w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, fieldnames=COLUMNS)
             writer.writeheader()
-            writer.writerows({**r, "disagreements": describe(r["disagreements"]), "best_figures": _flat_figures(r)}
-                             for r in rows)
+            writer.writerows({k: _cell(v) for k, v in {**r, "disagreements": describe(r["disagreements"]),
+                                                          "best_figures": _flat_figures(r)}.items()} for r in rows)
     else:
         part.write_text(json.dumps(document(cohort, rows), indent=1), encoding="utf-8")
     part.replace(out)
@@ -78,3 +78,8 @@ def _flat_figures(r: dict) -> str:
         share = "" if f["fraction_of_ceiling"] is None else f" ({f['fraction_of_ceiling']:.0%} of ceiling)"
         parts.append(f"{check}: {f['value']:.4g}{' ' + f['unit'] if f['unit'] else ''}{share}")
     return "; ".join(parts)
+
+
+def _cell(value):
+    """Text a spreadsheet would run as a formula (a self-reported device name can be anything) is quoted."""
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
