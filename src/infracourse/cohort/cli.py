@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -35,7 +36,7 @@ def _reported():
     try:
         yield
     except FAILURES as exc:
-        err.print(f"[red]error:[/red] {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc))}")
         raise typer.Exit(2) from None
 
 
@@ -45,9 +46,9 @@ def release_command(out: Path = typer.Option(..., "--out", help="New folder for 
     """Write a learner copy of the course with no reference solution in it (checked by content)."""
     with _reported():
         report = release.release(course or default_course_root(), out)
-    console.print(f"Learner copy written to [bold]{report.out}[/bold] ({report.files} files).")
+    console.print(f"Learner copy written to [bold]{escape(str(report.out))}[/bold] ({report.files} files).")
     for item in report.removed:
-        console.print(f"  left out {item['path']}: {item['reason']}")
+        console.print(escape(f"  left out {item['path']}: {item['reason']}"))
 
 
 def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
@@ -67,7 +68,7 @@ def init(gradebook_file: Path = GradebookOpt):
     existed = gradebook_file.exists()
     with _reported():
         book = gradebook.Gradebook.create(gradebook_file, Course())
-    console.print(f"Gradebook {'already at' if existed else 'created at'} [bold]{book.path}[/bold]. "
+    console.print(f"Gradebook {'already at' if existed else 'created at'} [bold]{escape(str(book.path))}[/bold]. "
                   "Next: infracourse cohort import BUNDLE.zip ...")
 
 
@@ -84,13 +85,13 @@ def import_(bundles: List[Path] = typer.Argument(..., help="Submission .zip file
             report = book.import_bundles(bundles, course, keep_going=keep_going,
                                          on_bundle=lambda path, problem: bar.advance(task))
     for problem in report.rejected:
-        console.print(f"[red]rejected[/red] {problem}")
+        console.print(f"[red]rejected[/red] {escape(str(problem))}")
     if report.committed:
         console.print(f"[green]imported {len(report.imported)} bundle(s)[/green]")
     elif report.rejected:
-        console.print("nothing imported: the gradebook is as it was." + ("" if keep_going else
-                      f" Fix or leave out the rejected bundle(s), or pass --keep-going to record the "
-                      f"{len(report.imported)} valid one(s)."))
+        console.print("nothing imported: the gradebook is as it was." + (
+            f" Fix or leave out the rejected bundle(s), or pass --keep-going to record the {len(report.imported)} "
+            "valid one(s)." if report.imported and not keep_going else ""))
     raise typer.Exit(1 if report.rejected else 0)
 
 
@@ -118,7 +119,7 @@ def export_(out: Path = typer.Option(..., "--out", help="FILE.csv or FILE.json")
     """One row per learner x week: checks passed, verified, disagreements, best figures."""
     with _reported():
         path = export.export(gradebook.Gradebook(gradebook_file), Course(), out)
-    console.print(f"wrote {path}")
+    console.print(escape(f"wrote {path}"))
 
 
 @cohort_app.command("publish")
@@ -128,7 +129,7 @@ def publish_(out: Path = typer.Option(..., "--out", help="Folder for the static 
     """Write the cohort site: learners x weeks grid, week pages, kernel-week leaderboards (works from file://)."""
     with _reported():
         site = publish.publish(gradebook.Gradebook(gradebook_file), Course(), out, pseudonyms=pseudonyms)
-    console.print(f"site written to {site}; open {(site / 'index.html').resolve().as_uri()}")
+    console.print(escape(f"site written to {site}; open {(site / 'index.html').resolve().as_uri()}"))
 
 
 def _passed(result) -> str:
