@@ -111,7 +111,7 @@ def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, settled:
     offset = 0
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         try:
             while True:
                 done = proc.poll() is not None
@@ -156,6 +156,17 @@ def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, settled:
         if on_event:
             on_event({"event": "result", "check": check.id, "status": "error"})
     return newly, log_path.read_text(errors="replace")
+
+
+def _die_with_parent() -> None:
+    """In the grader child (Linux): SIGKILL it if the grading process dies, e.g. a kill -9 mid-regrade; its
+    own session keeps it out of the way of Ctrl-C, so nothing else would stop it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass  # not Linux: the runner's own clean-up on exceptions still applies
 
 
 def _tail(log: str, lines: int = 12) -> str:
