@@ -1,11 +1,10 @@
 """Week 9 report: filled per the weekly loop, with the error tolerances, a gain and a regression on the roofline."""
 import pytest
 
-from infracourse.grading.report import check_report
+from infracourse.grading.report import SYNC_STATED, check_report
 
 REQUIRED = {
-    "Method": (r"synchroni[sz]e|cuda\.Event|elapsed_time|do_bench|measure\(",
-               "how the device is synchronised around the timed region (events, torch.cuda.synchronize, ...)"),
+    "Method": SYNC_STATED,
     "Correctness criterion": [
         (r"tf32", "the error you accept for fp32 on tf32 tensor cores (allow_tf32 set)"),
         (r"ieee|full fp32|full precision", "the error you accept for fp32 without tf32 (ieee, torch's default)"),

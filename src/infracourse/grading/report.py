@@ -57,6 +57,9 @@ def stamp_environment(path: Path, hardware: Hardware) -> None:
 
 
 Rule = tuple[str, str]  # (regex, what the section must state)
+# What every timed lab's Method section must say (the device-programming block's acceptance asks for it).
+SYNC_STATED: Rule = (r"synchroni[sz]e|cuda\.Event|elapsed_time|do_bench|measure\(",
+                     "how the device is synchronised around the timed region (events, torch.cuda.synchronize, ...)")
 
 
 def check_report(path: Path, hardware: Hardware, *, required: dict[str, Rule | list[Rule]] | None = None) -> dict:
