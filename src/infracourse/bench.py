@@ -74,12 +74,14 @@ def measure(
     flush_l2: bool = True,
     device: str | None = None,
     check_fraction: float = 0.1,
+    wall_clock: bool = True,
 ) -> Timing:
     """Time `fn(*make_args())`. `reps=None` repeats until `budget_s` of timed work or `max_reps`.
 
     `check(out, args)` runs (outside the timing) on the first timed output, on a random `check_fraction` of
     the others, on one random output of the wall-clock batch and on one more call outside the statistics.
-    `device` defaults to 'cuda' when a GPU is present.
+    `device` defaults to 'cuda' when a GPU is present. `wall_clock=False` leaves out the device-wide batch (a
+    grading worker, whose batch the judge times with its own clock instead).
     """
     import torch
 
@@ -128,7 +130,7 @@ def measure(
         snapshot = _snapshot(args)
         _verify(check, fn(*args), args, snapshot)  # one more, outside the statistics
 
-    wall = _wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu else None
+    wall = _wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu and wall_clock else None
     return Timing(median_s=statistics.median(samples), p10_s=percentile(samples, 10),
                   p90_s=percentile(samples, 90), samples_s=samples, wall_per_call_s=wall, device=device)
 

@@ -12,30 +12,61 @@ Timing-side defences (fresh inputs, side streams) live in `bench.measure`.
 """
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-# Ops that move or allocate memory without computing an answer: allowed inside a learner's kernel wrapper.
-MEMORY_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view",
-    "reshape", "_reshape_alias", "as_strided", "contiguous", "clone", "copy_", "_to_copy", "to", "t",
-    "transpose", "permute", "expand", "select", "slice", "unsqueeze", "squeeze", "flatten", "detach",
-    "alias", "lift_fresh", "unbind", "split", "narrow", "resize_", "zeros", "zeros_like", "zero_", "fill_",
-    "full", "full_like", "set_", "is_same_size", "stride", "size", "numel", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "_local_scalar_dense", "item", "clamp_min", "empty_permuted",
+# Ops allowed beside a learner's kernel are classified by what they do, from their schema (`op_effect`):
+# views, factories (allocations), copies and fills are allowed; anything that computes an answer is not.
+# These are the copies and fills whose schemas do not say so (no alias annotation, a Tensor argument).
+COPY_OR_FILL_OPS = frozenset({
+    "copy_", "_to_copy", "clone", "_copy_from", "_copy_from_and_resize", "lift_fresh", "lift_fresh_copy",
+    "fill_", "zero_", "resize_", "set_", "type_as", "_reshape_copy", "_local_scalar_dense", "item",
+    "is_same_size", "resolve_conj", "resolve_neg", "record_stream", "_unsafe_view", "empty_permuted",
 })
 
 
-# Composite ops the profiler reports by their own name (the dispatch mode sees only what they decompose to):
-# each only views, copies or allocates.
-COMPOSITE_MEMORY_OPS = frozenset({
-    "contiguous", "reshape", "reshape_as", "view_as", "expand_as", "flatten", "unflatten", "movedim", "moveaxis",
-    "swapaxes", "swapdims", "type_as", "to", "resolve_conj", "resolve_neg", "lift_fresh_copy", "new_zeros",
-    "empty_like", "zeros_like", "chunk", "tensor_split", "unsafe_split", "_reshape_copy",
-})
+@functools.lru_cache(maxsize=None)
+def op_effect(name: str) -> str:
+    """'view', 'factory', 'copy' or 'compute' for an aten op name (as the dispatcher or profiler reports it).
+
+    A view is an op whose every overload returns an alias of an input (schema alias annotation); a factory
+    takes no tensor, or takes one only for its metadata (`*_like`, `new_*`); copies and fills are listed
+    above. Anything else, including names torch does not know, computes.
+    """
+    import torch
+
+    if name in COPY_OR_FILL_OPS:
+        return "copy"
+    if name.endswith("_like") or name.startswith("new_"):
+        return "factory"
+    packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
+    if packet is None:
+        return "compute"
+    try:
+        schemas = [getattr(packet, overload)._schema for overload in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return "compute"
+    # out= variants write into a given tensor, and some packets hold non-tensor overloads (slice.str): the
+    # op's effect is read off the overloads that return tensors and take no out= argument
+    schemas = [s for s in schemas if not any(a.is_out for a in s.arguments)
+               and any(_is_tensor_type(r.type) for r in s.returns)]
+    if not schemas:
+        return "compute"
+    if all(not any(_is_tensor_type(a.type) for a in s.arguments) for s in schemas):
+        return "factory"
+    if all(r.alias_info is not None and not r.alias_info.is_write
+           for s in schemas for r in s.returns if _is_tensor_type(r.type)):
+        return "view"
+    return "compute"
+
+
+def _is_tensor_type(arg_type) -> bool:
+    text = str(arg_type)
+    return "Tensor" in text
 
 
 class LabCheckFailed(AssertionError):
@@ -64,14 +95,29 @@ class CallRecord:
     kernels: list[str] = field(default_factory=list)
     allocations: list[tuple[Any, int, int]] = field(default_factory=list)  # (buffer, start, length)
     profiled: list[str] = field(default_factory=list)  # seen by the profiler, on every thread
+    oob_writes: int = 0  # counted in the worker, for a record that crossed the channel
+    inputs_modified: list[int] = field(default_factory=list)
 
-    def compute_ops(self, allowed: frozenset[str] = MEMORY_OPS) -> list[str]:
-        seen = set(self.ops) | {op for op in self.profiled if op not in COMPOSITE_MEMORY_OPS}
-        return sorted(op for op in seen if op not in allowed)
+    @classmethod
+    def from_evidence(cls, evidence: dict) -> "CallRecord":
+        """A record the worker sent: lists of names and counts, type-checked (it is untrusted data)."""
+        def names(key):
+            values = evidence.get(key, [])
+            return [str(v)[:200] for v in values] if isinstance(values, list) else ["<malformed record>"]
+        count = evidence.get("oob_writes", 0)
+        modified = evidence.get("inputs_modified", [])
+        return cls(ops=names("ops"), kernels=names("kernels"), profiled=names("profiled"),
+                   oob_writes=count if isinstance(count, int) else 1,
+                   inputs_modified=[m for m in modified if isinstance(m, int)] if isinstance(modified, list) else [0])
+
+    def compute_ops(self, allowed: frozenset[str] = frozenset()) -> list[str]:
+        """Ops seen by either observer that compute (see `op_effect`), less those `allowed` by the check."""
+        seen = set(self.ops) | set(self.profiled)
+        return sorted(op for op in seen if op not in allowed and op_effect(op) == "compute")
 
     def out_of_bounds_writes(self) -> int:
         """Elements changed in the canary zones around the poisoned allocations."""
-        changed = 0
+        changed = self.oob_writes
         for buffer, start, length in self.allocations:
             for zone in (buffer[:start], buffer[start + length:]):
                 changed += int((zone != CANARY).sum())
@@ -260,14 +306,26 @@ def require_inputs_unchanged(args: tuple, snapshot: list, what: str = "your func
                                  "tensor and leave the inputs as they were")
 
 
-def run_watched(fn: Callable[..., Any], *args, allowed: frozenset[str] = MEMORY_OPS, name: str = "your function",
+def run_watched(fn: Callable[..., Any], *args, allowed: frozenset[str] = frozenset(), name: str = "your function",
                 replaces: str = "the library op", require_kernel: bool = True) -> Any:
     """Call fn with poisoned allocations; fail on a store out of bounds or a changed input and, with
-    `require_kernel`, unless a Triton kernel ran and no computing torch op did."""
-    inputs = snapshot_inputs(args)
-    with watch_call() as record:
-        out = fn(*args)
-    require_inputs_unchanged(args, inputs, name)
+    `require_kernel`, unless a Triton kernel ran and no computing torch op did.
+
+    `fn` is normally a learner function in the grading worker (grading.remote): the worker observes the call
+    and this side judges what it reports. A local `fn` (the engine's own tests) is observed here."""
+    from infracourse.grading.remote import RemoteObject
+
+    if isinstance(fn, RemoteObject):
+        result = fn.call(args, watch={"poison": True})
+        out, record = result.value, CallRecord.from_evidence(result.record)
+        if record.inputs_modified:
+            raise LabCheckFailed(f"{name} modified its input (argument {record.inputs_modified[0]}): write the "
+                                 "result into a new tensor and leave the inputs as they were")
+    else:
+        inputs = snapshot_inputs(args)
+        with watch_call() as record:
+            out = fn(*args)
+        require_inputs_unchanged(args, inputs, name)
     stray = record.out_of_bounds_writes()
     if stray:
         raise LabCheckFailed(f"{name} wrote {stray} element(s) outside the buffers it allocated: a store past the "

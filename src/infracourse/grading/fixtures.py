@@ -1,6 +1,8 @@
-"""Fixtures every grader can ask for. Loaded by the grading plugin.
+"""Fixtures every grader can ask for. Loaded by the grading plugin (which imports this module, never the
+other way round).
 
-- `learner`   the learner's files: `learner.module("vector_ops")`, `learner.path("report.md")`
+- `learner`   the learner's files: `learner.module("vector_ops")` is a proxy whose calls run in the sandboxed
+              worker (grading.remote); `learner.path("report.md")` a file of the snapshot, to read as data
 - `hardware`  this machine (infracourse.hardware.Hardware)
 - `device`    "cuda" when a GPU is present, else "cpu"
 - `ceilings`  calibrated copy bandwidth and matmul rates of this GPU (measured once, cached)
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at collection
+
 
 @functools.lru_cache(maxsize=1)
 def current_hardware():
@@ -28,14 +32,28 @@ def current_hardware():
 @dataclass
 class Learner:
     root: Path
+    session: object  # the plugin's session, which owns the worker
+
+    @property
+    def worker(self):
+        """The sandboxed process that runs the learner's code, started on first use."""
+        if self.session.worker is None:
+            from infracourse.grading.remote import Worker
+
+            self.session.worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
+        return self.session.worker
 
     def module(self, name: str):
-        from infracourse.grading.plugin import import_learner_module
-
-        return import_learner_module(name, self.root)
+        return self.worker.module(name)
 
     def path(self, name: str) -> Path:
-        return self.root / name
+        """A file of the snapshot. Symbolic links are refused: the snapshot holds the learner's own files only."""
+        path = self.root / name
+        if path.is_symlink():
+            from infracourse.guard import LabCheckFailed
+
+            raise LabCheckFailed(f"{name} is a symbolic link: submit the file itself")
+        return path
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +61,7 @@ def learner(request) -> Learner:
     session = getattr(request.config, "_infracourse", None)
     if session is None:
         raise pytest.UsageError("graders run through `infracourse grade`, which sets --infracourse-learner")
-    return Learner(session.learner_dir)
+    return Learner(session.learner_dir, session)
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +103,4 @@ def seed() -> int:
 @pytest.fixture
 def lab_check(request):
     """This test's check from lab.yaml (its threshold, needs, ...)."""
-    from infracourse.grading.plugin import CHECK_KEY
-
     return request.config._infracourse.lab.check(request.node.stash[CHECK_KEY])

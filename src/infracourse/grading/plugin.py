@@ -1,46 +1,43 @@
-"""pytest plugin that turns grader tests into course checks.
+"""pytest plugin that turns grader tests into course checks: the judge's side of grading.protocol.
 
-Loaded by the runner (`-p infracourse.grading.plugin`) in a subprocess. Settings come from command-line
-options only, all set by the runner:
-  --infracourse-lab      lab.yaml of the week being graded (check ids, needs, requires)
-  --infracourse-learner  folder holding the snapshot of the learner's files
-  --infracourse-events   JSON-lines file: a `start` line before and a `result` line after every check
-  --infracourse-settled  id=status pairs, comma-separated, of checks an earlier process of this grade settled
-                         (they are not run again; their statuses still count for `requires`)
-A grader test names its check with `@pytest.mark.check("id")`; the fixtures below give it the learner's
-code, the hardware, the calibrated ceilings and `record` for measured figures.
+Loaded by the runner (`-p infracourse.grading.plugin`) in the judge process, which never imports learner
+code (the `learner` fixture reaches it through a sandboxed worker). Settings come from command-line options
+only, all set by the runner:
+  --infracourse-lab        lab.yaml of the week being graded (check ids, needs, requires)
+  --infracourse-learner    folder holding the snapshot of the learner's files
+  --infracourse-events-fd  inherited pipe: a `start` line before and a `result` line after every check
+  --infracourse-settled    id=status pairs, comma-separated, of checks already settled (blocked here, or by an
+                           earlier judge process of this grade): not run again; they still count for `requires`
+A grader test names its check with `@pytest.mark.check("id")`; grading.fixtures gives it the learner's
+code, the hardware, the calibrated ceilings and `record` for measured figures. The runner, not this plugin,
+has the last word on `blocked`, `requires` and completion.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
 
+from infracourse.grading.fixtures import CHECK_KEY
+from infracourse.grading.remote import LearnerRaised, WorkerFailed
 from infracourse.guard import LabCheckFailed
 from infracourse.syllabus import load_lab
 
-CHECK_KEY = pytest.StashKey[str]()
 FATAL_EXIT = 87  # the runner reads this exit code as "the device is unusable; go on in a fresh process"
 BLOCKED_PREFIX = "infracourse-blocked: "
 # Errors after which the CUDA context is unusable: the runner restarts a fresh process for the rest.
 FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure")
 
 
-class LearnerImportError(Exception):
-    """The learner's file does not import; every check that needs it is an error naming the file."""
-
-
 def pytest_addoption(parser):
     group = parser.getgroup("infracourse")
     group.addoption("--infracourse-lab", help="lab.yaml of the week being graded")
     group.addoption("--infracourse-learner", help="folder with the snapshot of the learner's files")
-    group.addoption("--infracourse-events", help="JSON-lines events file written as checks start and end")
+    group.addoption("--infracourse-events-fd", type=int, help="inherited pipe for JSON-lines check events")
     group.addoption("--infracourse-settled", default="", help="id=status pairs already settled, comma-separated")
 
 
@@ -57,18 +54,21 @@ class _Session:
     def __init__(self, config):
         self.lab = load_lab(Path(config.getoption("--infracourse-lab")))
         self.learner_dir = Path(config.getoption("--infracourse-learner")).resolve()
-        self.events = Path(config.getoption("--infracourse-events"))
+        self.events_fd = config.getoption("--infracourse-events-fd")
         pairs = [p.split("=", 1) for p in config.getoption("--infracourse-settled").split(",") if p]
         self.statuses: dict[str, str] = dict(pairs)
         self.skip = set(self.statuses)
         self.figures: dict[str, dict] = {}
-        sys.path.insert(0, str(self.learner_dir))
+        self.worker = None  # started by the `learner` fixture on first use
 
     def emit(self, **event) -> None:
-        with self.events.open("a") as fh:  # one line per event, flushed: survives a crash of this process
-            fh.write(json.dumps(event, default=str) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = (json.dumps(event, default=str) + "\n").encode()
+        if self.events_fd is not None:
+            os.write(self.events_fd, line)  # one write per event: the runner reads whole lines
+
+    def pytest_unconfigure(self, config):
+        if self.worker is not None:
+            self.worker.close()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config, items):
@@ -91,11 +91,6 @@ class _Session:
     def pytest_runtest_setup(self, item):
         check = self.lab.check(item.stash[CHECK_KEY])
         self.emit(event="start", check=check.id, t=time.time())
-        from infracourse.grading.fixtures import current_hardware
-
-        reason = current_hardware().missing(check.needs)
-        if reason:
-            pytest.skip(BLOCKED_PREFIX + reason)
         unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
         if unmet:
             states = ", ".join(f"{r}: {self.statuses.get(r, 'not run')}" for r in unmet)
@@ -113,7 +108,7 @@ class _Session:
             return
         if call.when == "teardown" and not report.failed:
             return
-        status, message, fatal = classify(call, report, self.learner_dir)
+        status, message, fatal = classify(call, report)
         item.stash[_DONE] = True
         self.statuses[check_id] = status
         figures = getattr(item, "_infracourse_figures", {})
@@ -126,7 +121,7 @@ class _Session:
 _DONE = pytest.StashKey[bool]()
 
 
-def classify(call, report, learner_dir: Path) -> tuple[str, str, bool]:
+def classify(call, report) -> tuple[str, str, bool]:
     """Map a pytest phase outcome to (status, message, fatal)."""
     if report.skipped:
         reason = str(call.excinfo.value) if call.excinfo else ""
@@ -136,10 +131,16 @@ def classify(call, report, learner_dir: Path) -> tuple[str, str, bool]:
     if report.passed:
         return "passed", "", False
     exc = call.excinfo.value if call.excinfo else None
-    if isinstance(exc, LearnerImportError):
-        return "error", str(exc), False
-    if isinstance(exc, NotImplementedError):
-        return "failed", f"not written yet: {exc}", False
+    if isinstance(exc, LearnerRaised):
+        if exc.type_name == "LearnerImportError":
+            return "error", exc.message, False
+        if exc.type_name == "NotImplementedError":
+            return "failed", f"not written yet: {exc.message}", False
+        if exc.type_name == "OutOfMemoryError":
+            return "error", f"ran out of device memory: {exc.message}", False
+        return "error", f"raised {str(exc)[:800]}", False
+    if isinstance(exc, WorkerFailed):
+        return "error", str(exc)[:1500], False
     if isinstance(exc, (AssertionError, pytest.fail.Exception)):
         text = str(exc) if isinstance(exc, LabCheckFailed) or not str(exc).startswith("assert") else _short(call)
         return "failed", text.strip(), False
@@ -147,36 +148,11 @@ def classify(call, report, learner_dir: Path) -> tuple[str, str, bool]:
     fatal = any(m in text for m in FATAL_MARKERS)
     if type(exc).__name__ == "OutOfMemoryError":
         text = f"ran out of device memory: {exc}"
-    where = _learner_frame(call, learner_dir)
-    return "error", f"raised {text.strip()[:600]}{where}", fatal
+    return "error", f"raised {text.strip()[:600]}", fatal
 
 
 def _short(call) -> str:
     return str(call.excinfo.getrepr(style="short", chain=False))[-800:]
-
-
-def _learner_frame(call, learner_dir: Path) -> str:
-    """' (at file.py:LINE)' for the innermost frame in the learner's files, if any."""
-    for frame in reversed(traceback.extract_tb(call.excinfo.tb)):
-        if Path(frame.filename).resolve().parent == learner_dir:
-            return f" (at {Path(frame.filename).name}:{frame.lineno}: {frame.line})"
-    return ""
-
-
-def import_learner_module(name: str, learner_dir: Path):
-    """Import the learner's module from the snapshot; a failure names the file and what to fix."""
-    path = learner_dir / f"{name}.py"
-    if not path.exists():
-        raise LearnerImportError(f"{path.name} is missing from your week folder: restore it with "
-                                 "`infracourse reset` or create it")
-    try:
-        return importlib.import_module(name)
-    except Exception as exc:  # any failure at import time is the learner's to fix
-        tb = traceback.extract_tb(exc.__traceback__)
-        line = next((f" line {f.lineno}" for f in reversed(tb) if Path(f.filename).name == path.name), "")
-        detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, SyntaxError) else \
-            f"SyntaxError: {exc.msg} (line {exc.lineno})"
-        raise LearnerImportError(f"{path.name} does not import ({detail}{line}); fix it and grade again") from None
 
 
 pytest_plugins = ["infracourse.grading.fixtures"]

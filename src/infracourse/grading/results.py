@@ -41,9 +41,11 @@ class GradeResult:
 
     @property
     def complete(self) -> bool:
-        """Every check that could run here passed (blocked ones are owed to other hardware)."""
+        """Every check that could run here passed (blocked ones are owed to other hardware), and at least one
+        check of the learner's answers (kind correctness) ran and passed here: a week whose every
+        correctness check was blocked is not complete on this machine."""
         return bool(self.checks) and all(c.status in ("passed", "blocked") for c in self.checks) \
-            and self.count("passed") > 0
+            and any(c.status == "passed" and c.kind == "correctness" for c in self.checks)
 
     @property
     def verified_on_gpu(self) -> bool:

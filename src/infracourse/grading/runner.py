@@ -1,16 +1,19 @@
-"""Runs a week's graders on a snapshot of the learner's files, in a subprocess, failing closed.
+"""The runner: grades a week on a snapshot of the learner's files, failing closed (see grading.protocol).
 
-The grader process writes a `start` and a `result` event per check. This side watches the events: a
-check that overruns its timeout gets its process group killed; a process that dies (segfault, SIGKILL by
-the OOM killer, a CUDA error that poisons the context) leaves its running check as `error` with what
-happened, and grading goes on in a fresh process for the checks not yet settled. Every check in lab.yaml
-ends with a status; one the graders never reported is an `error`, never a pass.
+It decides here, from the hardware it detected, which checks are `blocked`, and never asks anyone else.
+The judge process (pytest with the graders) sends a `start` and a `result` event per check on a pipe it
+inherited; a result is accepted only for a check id of lab.yaml, only once, and only after that check's
+own start. A check with `requires` gets credit only if every required check was accepted as passed. A
+check that overruns its timeout gets the judge's process group killed (the sandboxed worker dies with
+it); a judge that dies leaves its running check as `error`, and grading goes on in a fresh process for
+the checks not yet settled. Every check in lab.yaml ends with a status; one never reported is an `error`.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -23,6 +26,7 @@ from typing import Callable
 from infracourse import __version__
 from infracourse.course import Course
 from infracourse.grading.plugin import FATAL_EXIT
+from infracourse.grading.protocol import ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, GradeResult
 from infracourse.hardware import Hardware, detect
 
@@ -54,10 +58,16 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
     settled: dict[str, CheckResult] = {}
+    for check in lab.spec.checks:
+        reason = hardware.missing(check.needs)
+        if reason:
+            settled[check.id] = _result(check, "blocked", reason)
+            if on_event:
+                on_event({"event": "result", "check": check.id, "status": "blocked"})
     with tempfile.TemporaryDirectory(prefix=f"infracourse-{lab.spec.week}-") as tmp:
         work = Path(tmp)
         snapshot = work / "learner"
-        shutil.copytree(files_dir, snapshot, ignore=IGNORED)
+        shutil.copytree(files_dir, snapshot, ignore=IGNORED, symlinks=True)
         (work / "pytest.ini").write_text("[pytest]\n")  # keeps the project's own pytest settings out
         env = _grader_env(hardware, files_dir)
         log_tail = ""
@@ -65,8 +75,8 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
             pending = [c for c in lab.spec.checks if c.id not in settled]
             if not pending:
                 break
-            events = work / f"events-{_attempt}.jsonl"
-            newly, log_tail = _run_once(lab, snapshot, events, work, env, settled, on_event, timeout_scale)
+            log_path = work / f"judge-{_attempt}.log"
+            newly, log_tail = _run_once(lab, snapshot, log_path, work, env, settled, on_event, timeout_scale)
             settled.update(newly)
             if not newly:
                 break  # the process settled nothing: a grader or collection error; stop retrying
@@ -74,10 +84,23 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
             if check.id not in settled:
                 settled[check.id] = _result(check, "error", "the grader produced no result for this check "
                                             f"(grader output, last lines:\n{_tail(log_tail)})")
+    _withhold_unearned_credit(lab, settled)
     return GradeResult(week=lab.spec.week, tier=hardware.tier, device=hardware.device_name,
                        fingerprint=hardware.fingerprint(), started_at=started_at,
                        seconds=time.perf_counter() - t0, checks=[settled[c.id] for c in lab.spec.checks],
                        grader_version=__version__)
+
+
+def _withhold_unearned_credit(lab, settled: dict[str, CheckResult]) -> None:
+    """A check with `requires` keeps a pass only if every check it requires passed in this grade."""
+    for check in lab.spec.checks:
+        result = settled[check.id]
+        unmet = [r for r in check.requires if settled[r].status != "passed"]
+        if unmet and result.status not in ("blocked", "error"):
+            states = ", ".join(f"{r}: {settled[r].status}" for r in unmet)
+            message = result.message if result.status == "failed" and result.message.startswith("no credit") else \
+                f"no credit yet: {', '.join(unmet)} must pass in the same run first ({states})"
+            settled[check.id] = _result(check, "failed", message, result.figures, result.seconds)
 
 
 def _grader_env(hardware: Hardware, files_dir: Path) -> dict[str, str]:
@@ -96,43 +119,35 @@ def _result(check, status: str, message: str, figures: dict | None = None, secon
                        message=message, figures=figures or {}, seconds=seconds)
 
 
-def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, settled: dict[str, CheckResult],
+def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settled: dict[str, CheckResult],
               on_event: EventHandler | None, timeout_scale: float) -> tuple[dict[str, CheckResult], str]:
+    read_fd, write_fd = os.pipe()
     command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
                "-q", "--no-header", "-p", "no:cacheprovider",
                "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-learner", str(snapshot),
-               "--infracourse-events", str(events),
+               "--infracourse-events-fd", str(write_fd),
                "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items())]
-    log_path = events.with_suffix(".log")
-    events.touch()
+    known = {c.id for c in lab.spec.checks}
     newly: dict[str, CheckResult] = {}
+    started: set[str] = set()
     running: tuple[str, float] | None = None
-    offset = 0
+    buffer = b""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent)
+        os.close(write_fd)
         try:
-            while True:
-                done = proc.poll() is not None
-                with events.open() as fh:
-                    fh.seek(offset)
-                    chunk = fh.read()
-                complete_lines = chunk[: chunk.rfind("\n") + 1]
-                offset += len(complete_lines)
-                for line in complete_lines.splitlines():
-                    event = json.loads(line)
-                    check = lab.spec.check(event["check"])
-                    if event["event"] == "start":
-                        running = (check.id, time.monotonic())
-                    else:
-                        newly[check.id] = _result(check, event["status"], event["message"], event["figures"],
-                                                  event.get("duration", 0.0))
-                        running = None
-                    if on_event:
-                        on_event(event)
-                if done:
-                    break
+            open_pipe = True
+            while open_pipe:
+                ready, _, _ = select.select([read_fd], [], [], POLL_S)
+                if ready:
+                    chunk = os.read(read_fd, 1 << 16)
+                    open_pipe = bool(chunk)
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        running = _accept(line, lab, known, started, settled, newly, running, on_event)
                 if running:
                     check = lab.spec.check(running[0])
                     limit = check.timeout_s * timeout_scale
@@ -144,10 +159,11 @@ def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, settled:
                             on_event({"event": "result", "check": check.id, "status": "error"})
                         running = None
                         break
-                time.sleep(POLL_S)
         except BaseException:
             _kill(proc)  # Ctrl-C: never leave a grader running behind the learner's back
             raise
+        finally:
+            os.close(read_fd)
         proc.wait()
     if running and running[0] not in newly:
         check = lab.spec.check(running[0])
@@ -156,6 +172,30 @@ def _run_once(lab, snapshot: Path, events: Path, work: Path, env: dict, settled:
         if on_event:
             on_event({"event": "result", "check": check.id, "status": "error"})
     return newly, log_path.read_text(errors="replace")
+
+
+def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict, newly: dict,
+            running: tuple[str, float] | None, on_event: EventHandler | None) -> tuple[str, float] | None:
+    """Take one event line if the contract allows it; returns the check now running."""
+    try:
+        event = validate_event(json.loads(line), known)
+    except (ValueError, ProtocolError):
+        return running  # not an event of ours: ignored (it can neither start nor settle a check)
+    check = lab.spec.check(event["check"])
+    if check.id in settled or check.id in newly:
+        return running  # settled already (blocked here, or reported once): never overwritten
+    if event["event"] == "start":
+        started.add(check.id)
+        running = (check.id, time.monotonic())
+    elif check.id in started and running and running[0] == check.id:
+        newly[check.id] = _result(check, event["status"], str(event.get("message", ""))[:4000],
+                                  event.get("figures") or {}, float(event.get("duration") or 0.0))
+        running = None
+    else:
+        return running  # a result without its own start first
+    if on_event:
+        on_event(event)
+    return running
 
 
 def _die_with_parent() -> None:

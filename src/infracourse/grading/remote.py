@@ -1,0 +1,314 @@
+"""Judge side of the worker channel: the learner's code as proxies the graders call like local code.
+
+`Learner.module("vector_ops")` gives a `RemoteObject`; `ops.add(x, y)` sends x and y to the worker, which calls
+the learner's function and sends the output back as plain data. Callables the judge passes (a workload,
+a sync function) stay in the judge and run there when the worker calls them. Tensors that require grad
+bridge autograd: the backward pass runs in the worker on the graph its forward pass built.
+
+Whatever the worker sends is untrusted: it is decoded by grading.protocol (no pickle), size-limited, and
+a worker that dies, hangs up or breaks the protocol makes the call raise `WorkerFailed` with what happened.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from infracourse import sandbox
+from infracourse.grading import protocol
+from infracourse.grading.protocol import Decoder, Encoder, Foreign, Handle, ProtocolError, WorkerObject
+
+__all__ = ["Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerFailed", "WorkerObject"]
+
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "TRITON_INTERPRET",
+             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_HOME",
+             "TRITON_PTXAS_PATH", "NUMBA_DISABLE_JIT", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+class WorkerFailed(Exception):
+    """The worker died, hung up, or broke the protocol: the check that was running is an `error`."""
+
+
+class LearnerRaised(Exception):
+    """The learner's code raised inside the worker. `type_name`, `where` ('file.py:LINE: code') say what."""
+
+    def __init__(self, type_name: str, message: str, where: str = ""):
+        self.type_name, self.message, self.where = type_name, message, where
+        at = f" (at {where})" if where else ""
+        super().__init__(f"{type_name}: {message}{at}")
+
+
+@dataclass
+class CallResult:
+    value: Any
+    record: dict = field(default_factory=dict)   # what the worker observed during a watched call (evidence)
+    graph: int | None = None                      # the worker's autograd graph of this call, if any
+
+
+class Worker:
+    """One sandboxed worker process for one grading session, started on first use."""
+
+    def __init__(self, learner_dir: Path, *, gpu: bool, scratch: Path | None = None):
+        self.learner_dir = learner_dir.resolve()
+        self.gpu = gpu
+        self._scratch_owner = None if scratch else tempfile.TemporaryDirectory(prefix="infracourse-worker-")
+        self.scratch = Path(scratch or self._scratch_owner.name).resolve()
+        self.sandboxed = sandbox.status().available
+        self.proc: subprocess.Popen | None = None
+        self.ids = itertools.count(1)
+        self.lock = threading.RLock()
+        self.callbacks: dict[int, Callable] = {}
+        self.released: list[int] = []  # worker objects the judge dropped: freed with the next request
+        self.callback_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infracourse-callback")
+        self.log_path = self.scratch.parent / f"{self.scratch.name}.log"
+
+    # ------------------------------------------------------------------ process
+    def start(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                return
+            self._discard()  # it died during an earlier check (which is an error): a fresh one for this one
+        to_worker, self.fd_out = os.pipe()
+        self.fd_in, from_worker = os.pipe()
+        command = [sys.executable, "-s", "-m", "infracourse.grading.worker", "--in", str(to_worker),
+                   "--out", str(from_worker), "--learner", str(self.learner_dir)]
+        env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+        env.update(HOME=str(self.scratch), TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1",
+                   TRITON_CACHE_DIR=str(self.scratch / ".triton"), PYTHONPATH=_engine_path())
+        if self.sandboxed:
+            command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         pass_fds=(to_worker, from_worker), env=env, cwd=self.scratch,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        os.close(to_worker)
+        os.close(from_worker)
+
+    def close(self) -> None:
+        """Stop the worker and everything it started (the sandbox's PID namespace dies with its init)."""
+        self._discard()
+        self.callback_pool.shutdown(wait=False, cancel_futures=True)
+        if self._scratch_owner is not None:
+            self._scratch_owner.cleanup()
+
+    def _discard(self) -> None:
+        if self.proc is not None:
+            for fd in (self.fd_out, self.fd_in):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+            self.proc = None
+
+    def output_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def _death(self) -> str:
+        code = self.proc.poll() if self.proc else None
+        if code is None:
+            what = "stopped answering"
+        elif code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            what = f"was killed by {name}" + (" (segmentation fault)" if name == "SIGSEGV" else "")
+        else:
+            what = f"exited with code {code}"
+        tail = self.output_tail()
+        return f"the process running your code {what}" + (f"; its last output:\n{tail}" if tail else "")
+
+    # ------------------------------------------------------------------ requests
+    def request(self, op: str, values: dict | None = None, *, alias_args: list | None = None, **fields) -> Any:
+        """Send one request and wait for its answer, serving the worker's callbacks meanwhile."""
+        with self.lock:
+            self.start()
+            key = next(self.ids)
+            encoder = Encoder(on_callable=self._register_callback)
+            released, self.released = self.released, []
+            header, blobs = protocol.encode_message({"id": key, "op": op, "release": released, **fields},
+                                                    values or {}, encoder)
+            try:
+                protocol.send(self.fd_out, header, blobs)
+                while True:
+                    reply, reply_blobs = protocol.receive(self.fd_in)
+                    if "callback" in reply:
+                        self._serve_callback(reply, reply_blobs)
+                        continue
+                    if reply.get("id") != key:
+                        raise ProtocolError(f"an answer to request {reply.get('id')!r} came while waiting for {key}")
+                    break
+            except (EOFError, OSError) as exc:
+                self._finish_dead()
+                raise WorkerFailed(self._death()) from exc
+            except ProtocolError as exc:
+                self._discard()
+                raise WorkerFailed(f"the process running your code broke the grading protocol: {exc}") from None
+            storages = [_storage_of(a) for a in (alias_args or [])]
+            decoder = Decoder(reply_blobs, reply.get("storages", []), on_handle=self._wrap_handle,
+                              alias_storages=[s for s in storages if s is not None])
+            try:
+                if not reply.get("ok"):
+                    error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+                    raise LearnerRaised(str(error.get("type", "Exception"))[:100], str(error.get("message", ""))[:2000],
+                                        str(error.get("where", ""))[:400])
+                value = decoder.decode(reply.get("value"))
+                record = decoder.decode(reply.get("record")) if "record" in reply else {}
+                if not isinstance(record, dict):
+                    raise ProtocolError("a call's record is not a mapping")
+                graph = reply.get("graph")
+            except ProtocolError as exc:
+                self._discard()
+                raise WorkerFailed(f"the process running your code sent a malformed answer: {exc}") from None
+            return CallResult(value, record, graph if isinstance(graph, int) else None)
+
+    def _finish_dead(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _register_callback(self, fn: Callable) -> int:
+        key = id(fn)
+        self.callbacks[key] = fn
+        return key
+
+    def _serve_callback(self, header: dict, blobs: list) -> None:
+        """Run one of the judge's callables the worker called; answered from a thread so that concurrent calls
+        from the learner's threads overlap (a concurrency test needs that)."""
+        fn = self.callbacks.get(header.get("callback"))
+        decoder = Decoder(blobs, header.get("storages", []), on_handle=self._wrap_handle)
+        args, kwargs = decoder.decode(header.get("args", {"tuple": []})), decoder.decode(header.get("kwargs", {"dict": {}}))
+
+        def run():
+            try:
+                if fn is None:
+                    raise ProtocolError("the worker called a function it was never given")
+                value, ok = fn(*args, **kwargs), True
+            except Exception as exc:  # the judge's own function failed: tell the caller in the worker
+                value, ok = f"{type(exc).__name__}: {exc}", False
+            encoder = Encoder(on_callable=self._register_callback)
+            out, out_blobs = protocol.encode_message({"cid": header.get("cid"), "ok": ok}, {"value": value}, encoder)
+            try:
+                protocol.send(self.fd_out, out, out_blobs)
+            except OSError:
+                pass
+
+        self.callback_pool.submit(run)
+
+    def _wrap_handle(self, node: dict) -> "RemoteObject":
+        return RemoteObject(self, Handle(node["handle"], str(node.get("type", "object"))[:100],
+                                         bool(node.get("callable"))))
+
+    # ------------------------------------------------------------------ learner code
+    def module(self, name: str) -> "RemoteObject":
+        return self.request("import", module=name).value
+
+
+def _storage_of(value):
+    import torch
+
+    return value.untyped_storage() if isinstance(value, torch.Tensor) else None
+
+
+def _engine_path() -> str:
+    """PYTHONPATH for the worker: the folder holding the infracourse engine, then the judge's own PYTHONPATH,
+    less any course checkout (whose labs hold the solutions)."""
+    import infracourse
+
+    entries = [str(Path(infracourse.__file__).resolve().parent.parent)]
+    entries += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and os.path.isdir(p) and not sandbox._is_course_checkout(p)]
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class RemoteObject:
+    """A learner object living in the worker: attributes and calls go over the channel."""
+
+    def __init__(self, worker: Worker, handle: Handle):
+        object.__setattr__(self, "_worker", worker)
+        object.__setattr__(self, "_handle", handle)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._worker.request("getattr", target=self._handle.id, name=name).value
+
+    def __call__(self, *args, **kwargs) -> Any:
+        return self.call(args, kwargs).value
+
+    def call(self, args: tuple = (), kwargs: dict | None = None, *, watch: dict | None = None) -> CallResult:
+        """Call it in the worker; `watch={'poison': True}` also records the ops and kernels it ran."""
+        import torch
+
+        kwargs = kwargs or {}
+        flat = list(args) + list(kwargs.values())
+        needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
+        result = self._worker.request("call", {"args": tuple(args), "kwargs": dict(kwargs)}, target=self._handle.id,
+                                      watch=watch, alias_args=flat)
+        if needs_grad:
+            result.value = _bridge_autograd(self._worker, result, flat)
+        return result
+
+    @property
+    def type_name(self) -> str:
+        return self._handle.type_name
+
+    def __repr__(self) -> str:
+        return f"<learner {self._handle.type_name} in the grading worker>"
+
+
+def _bridge_autograd(worker: Worker, result: CallResult, inputs: list) -> Any:
+    """Make the outputs of a remote call differentiable in the judge: backward runs in the worker."""
+    import torch
+
+    value, graph = result.value, result.graph
+    if graph is None:
+        return value
+    leaves = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+    outs = value if isinstance(value, (tuple, list)) else (value,)
+    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+
+    class RemoteBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            return tuple(t.detach().clone() for t in tensors)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, tensors)]
+            got = worker.request("backward", {"grads": grads}, graph=graph).value
+            got = list(got) + [None] * (len(leaves) - len(got))
+            return tuple(g if g is None or isinstance(g, torch.Tensor) else None for g in got[:len(leaves)])
+
+    connected = RemoteBackward.apply(*leaves)
+    weakref.finalize(connected[0].grad_fn, worker.released.append, graph)  # freed in the worker once unused
+    it = iter(connected)
+    rebuilt = [next(it) if isinstance(o, torch.Tensor) else o for o in outs]
+    return type(value)(rebuilt) if isinstance(value, (tuple, list)) else rebuilt[0]

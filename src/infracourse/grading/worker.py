@@ -1,0 +1,271 @@
+"""The worker: the only process that imports and calls the learner's code (child side of grading.protocol).
+
+Started by grading.remote inside the sandbox as `python -m infracourse.grading.worker --in R --out W
+--learner DIR`. It answers the judge's requests one at a time on the main thread; a reader thread routes the
+judge's answers to callbacks, which the learner's code may call from any thread. Everything it reports is
+evidence for the judge to check, never a verdict: learner code runs here and could change any of it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from infracourse.grading import protocol
+from infracourse.grading.protocol import Decoder, Encoder, ProtocolError
+
+MAX_BATCH = 64
+
+
+class Worker:
+    def __init__(self, fd_in: int, fd_out: int, learner_dir: Path):
+        self.fd_in, self.fd_out = fd_in, fd_out
+        self.learner_dir = learner_dir.resolve()
+        self.objects: dict[int, Any] = {}
+        self.ids = itertools.count(1)
+        self.requests: queue.Queue = queue.Queue()
+        self.answers: dict[int, queue.Queue] = {}
+        self.send_lock = threading.Lock()
+        self.callback_ids = itertools.count(1)
+        self.batch: dict = {}
+
+    # ------------------------------------------------------------------ transport
+    def send(self, header: dict, values: dict, aliases: dict | None = None) -> None:
+        encoder = Encoder(on_object=self._handle_for, aliases=aliases or {})
+        header, blobs = protocol.encode_message(header, values, encoder)
+        with self.send_lock:
+            protocol.send(self.fd_out, header, blobs)
+
+    def read_loop(self) -> None:
+        """Reader thread: requests to the main thread, callback answers to their waiting caller."""
+        try:
+            while True:
+                header, blobs = protocol.receive(self.fd_in)
+                if "cid" in header:
+                    waiting = self.answers.pop(header["cid"], None)
+                    if waiting is not None:
+                        waiting.put((header, blobs))
+                else:
+                    self.requests.put((header, blobs))
+        except (EOFError, OSError, ProtocolError):
+            self.requests.put(None)  # the judge is gone: stop
+
+    def decoder(self, header: dict, blobs: list) -> Decoder:
+        return Decoder(blobs, header.get("storages", []), on_callback=self._callback, on_object=self._build,
+                       on_handle=lambda node: self.objects[node["handle"]])
+
+    def _handle_for(self, value: Any) -> dict:
+        key = next(self.ids)
+        self.objects[key] = value
+        return {"handle": key, "type": type(value).__name__, "callable": callable(value)}
+
+    def _build(self, spec: dict) -> Any:
+        target = spec["target"]
+        module_name, _, name = target.partition(":")
+        if not module_name.startswith("infracourse.") or not name:
+            raise ProtocolError(f"worker objects come from the course package only, not {target!r}")
+        factory = getattr(importlib.import_module(module_name), name)
+        return factory(*spec["args"], **spec["kwargs"])
+
+    def _callback(self, cid: int):
+        """A stand-in for one of the judge's callables: calling it runs the original in the judge."""
+        def call_judge(*args, **kwargs):
+            key = next(self.callback_ids)
+            waiting: queue.Queue = queue.Queue()
+            self.answers[key] = waiting
+            self.send({"callback": cid, "cid": key}, {"args": args, "kwargs": kwargs})
+            header, blobs = waiting.get()
+            value = self.decoder(header, blobs).decode(header.get("value"))
+            if not header.get("ok"):
+                raise RuntimeError(f"the grader's function raised: {value}")
+            return value
+        return call_judge
+
+    # ------------------------------------------------------------------ requests
+    def serve(self) -> None:
+        threading.Thread(target=self.read_loop, daemon=True).start()
+        while True:
+            item = self.requests.get()
+            if item is None:
+                return
+            header, blobs = item
+            try:
+                args_storages: dict = {}
+                reply, aliases = self.handle(header, self.decoder(header, blobs), args_storages)
+                self.send({"id": header.get("id"), "ok": True}, reply, aliases)
+            except BaseException as exc:  # anything the learner's code raises is reported, never fatal here
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)) and not isinstance(exc, SystemExit):
+                    raise
+                self.send({"id": header.get("id"), "ok": False, "error": self.describe(exc)}, {})
+
+    def handle(self, header: dict, decoder: Decoder, args_storages: dict) -> tuple[dict, dict]:
+        op = header.get("op")
+        for key in header.get("release", []):
+            self.objects.pop(key, None)
+        if op == "ping":
+            return {"value": None}, {}
+        if op == "import":
+            return {"value": self.import_module(str(header["module"]))}, {}
+        if op == "getattr":
+            return {"value": getattr(self.objects[header["target"]], str(header["name"]))}, {}
+        if op == "release":
+            for key in header.get("handles", []):
+                self.objects.pop(key, None)
+            return {"value": None}, {}
+        if op == "call":
+            return self.call(header, decoder)
+        if op == "backward":
+            return self.backward(header, decoder), {}
+        if op == "time_prepare":
+            return self.time_prepare(header, decoder), {}
+        if op == "time_run":
+            return self.time_run(header), {}
+        if op == "time_outputs":
+            picked = [self.batch["outputs"][i] for i in header["indices"]]
+            self.batch = {}
+            return {"value": picked}, {}
+        raise ProtocolError(f"unknown op {op!r}")
+
+    def import_module(self, name: str):
+        path = self.learner_dir / f"{name}.py"
+        if not path.exists():
+            raise LearnerImportError(f"{path.name} is missing from your week folder: restore it with "
+                                     "`infracourse reset` or create it")
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # any failure at import time is the learner's to fix
+            tb = traceback.extract_tb(exc.__traceback__)
+            line = next((f" line {f.lineno}" for f in reversed(tb) if Path(f.filename).name == path.name), "")
+            detail = (f"SyntaxError: {exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError)
+                      else f"{type(exc).__name__}: {exc}")
+            raise LearnerImportError(f"{path.name} does not import ({detail}{line}); fix it and grade again") from None
+
+    def call(self, header: dict, decoder: Decoder) -> tuple[dict, dict]:
+        import torch
+
+        fn = self.objects[header["target"]]
+        args = decoder.decode(header.get("args", {"tuple": []}))
+        kwargs = decoder.decode(header.get("kwargs", {"dict": {}}))
+        aliases = {(str(s.device), s.data_ptr()): i for i, s in enumerate(decoder._built.values())}
+        watch = header.get("watch")
+        record: dict = {}
+        if watch is not None:
+            from infracourse.guard import snapshot_inputs, watch_call
+
+            flat = list(args) + list(kwargs.values())
+            before = snapshot_inputs(tuple(flat))
+            with watch_call(poison=bool(watch.get("poison", True))) as rec:
+                out = fn(*args, **kwargs)
+            record = {"ops": rec.ops, "kernels": rec.kernels, "profiled": rec.profiled,
+                      "oob_writes": rec.out_of_bounds_writes(),
+                      "inputs_modified": [i for i, (a, b) in enumerate(zip(flat, before))
+                                          if b is not None and not _same(a, b)]}
+        else:
+            out = fn(*args, **kwargs)
+        reply = {"value": out, "record": record}
+        leaves = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        grad_outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        if leaves and grad_outs:
+            reply["graph"] = self._handle_for((leaves, grad_outs))["handle"]
+        return reply, aliases
+
+    def backward(self, header: dict, decoder: Decoder) -> dict:
+        import torch
+
+        leaves, outs = self.objects[header["graph"]]
+        grads = decoder.decode(header.get("grads"))
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+        result = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True,
+                                     retain_graph=True)  # gradcheck asks for several vector-Jacobian products
+        return {"value": list(result)}
+
+    # ------------------------------------------------------------------ timing
+    def time_prepare(self, header: dict, decoder: Decoder) -> dict:
+        """Event-timed samples through bench.measure, then a batch of fresh inputs for the judge's clock."""
+        import torch
+
+        from infracourse import bench
+
+        fn = self.objects[header["target"]]
+        make_args = decoder.decode(header["make_args"])
+        sample_index = itertools.count(10**6)  # sample calls use inputs the judge does not regenerate
+        timing = bench.measure(fn, make_args=lambda: make_args(next(sample_index)), wall_clock=False,
+                               **decoder.decode(header.get("options", {"dict": {}})))
+        on_gpu = torch.cuda.is_available()
+        calls = max(2, min(int(header.get("calls", 16)), MAX_BATCH))
+        first = make_args(0)
+        if on_gpu:
+            size = sum(a.nbytes for a in first if isinstance(a, torch.Tensor)) or 1
+            calls = max(2, min(calls, int(0.2 * torch.cuda.mem_get_info()[0] // (2 * size))))
+        batch = [first] + [make_args(i) for i in range(1, calls)]
+        for args in batch:  # untimed pass: the allocator holds a batch's worth of outputs before the clock runs
+            fn(*args)
+        if on_gpu:
+            torch.cuda.synchronize()
+        self.batch = {"fn": fn, "args": batch}
+        return {"value": {"median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s,
+                          "n": len(timing.samples_s), "calls": calls}}
+
+    def time_run(self, header: dict) -> dict:
+        """Run the prepared batch back to back (the device held first, so launches queue), then synchronise."""
+        import torch
+
+        from infracourse import bench
+
+        fn, batch = self.batch["fn"], self.batch["args"]
+        on_gpu = torch.cuda.is_available()
+        held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
+        outputs = [fn(*args) for args in batch]
+        if on_gpu:
+            torch.cuda.synchronize()
+        self.batch["outputs"] = outputs
+        return {"value": {"hold_s": held.seconds(), "calls": len(batch)}}
+
+    # ------------------------------------------------------------------ errors
+    def describe(self, exc: BaseException) -> dict:
+        where = ""
+        for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+            path = Path(frame.filename)
+            if path.parent.resolve() == self.learner_dir:
+                where = f"{path.name}:{frame.lineno}: {frame.line}"
+                break
+        return {"type": type(exc).__name__, "message": str(exc)[:2000], "where": where}
+
+
+class LearnerImportError(Exception):
+    """The learner's file does not import."""
+
+
+def _same(a, b) -> bool:
+    from infracourse.guard import _same_bits
+
+    return _same_bits(a, b)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="infracourse.grading.worker")
+    parser.add_argument("--in", dest="fd_in", type=int, required=True)
+    parser.add_argument("--out", dest="fd_out", type=int, required=True)
+    parser.add_argument("--learner", type=Path, required=True)
+    options = parser.parse_args(argv)
+    # the learner's folder replaces the start folder (the scratch dir) at the head of the import path
+    sys.path[:] = [str(options.learner.resolve())] + [p for p in sys.path[1:] if p not in ("", os.getcwd())]
+    sys.dont_write_bytecode = True
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from infracourse.kit.triton_compat import patch_interpreter_scalars
+
+        patch_interpreter_scalars()  # before any learner kernel runs in the interpreter
+    Worker(options.fd_in, options.fd_out, options.learner).serve()
+
+
+if __name__ == "__main__":
+    main()
