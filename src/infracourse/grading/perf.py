@@ -1,9 +1,11 @@
-"""Performance checks for kernel labs: time through bench.measure, reject impossible or escaped timings,
-and compare the achieved rate with a fraction of this device's calibrated ceiling (or a library's time).
+"""Performance checks for kernel labs: time a learner's function in the worker, but trust the judge's clock;
+reject impossible or escaped timings; compare the achieved rate with a fraction of this device's calibrated
+ceiling (or a library's time, measured here in the judge, which learner code never touched).
 
-The learner's module runs in the grader's process, so it could replace the clock the grade reads
-(`torch.cuda.Event.elapsed_time = ...`). The timing primitives are captured when this module is imported,
-which graders do before they import the learner's code, and `timed` refuses to time with replaced ones.
+The worker times its calls with CUDA events (bench.measure), which learner code in the worker could fake.
+So the judge also times a batch of calls with its own clock, from the request to the answer that follows
+the worker's device-wide synchronise, checks outputs of that batch picked after it ran, and grades the
+larger of the two times, never below the physics floor of this device.
 """
 from __future__ import annotations
 
@@ -42,12 +44,26 @@ def require_genuine_timing() -> None:
                              "or the harness that times it. Remove that; timings are only taken with the originals.")
 
 
-def timed(fn: Callable[..., Any], make_args: Callable[[], tuple], *, check: Callable[[Any, tuple], None],
+HOLD_S = 300e-6        # the device is held this long before a judge-clocked batch, so launches queue
+MAX_RTT_CREDIT_S = 300e-6  # at most this much of the channel's round trip is taken off the judge's clock
+BATCH_CALLS = 48
+
+
+def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], None],
           bytes_moved: float = 0, flops: float = 0, ceilings=None, label: str = "your kernel") -> bench.Timing:
-    """Time fn on fresh inputs, verifying sampled outputs; fail when the timing cannot be trusted."""
-    require_genuine_timing()
-    timing = bench.measure(fn, make_args=make_args, check=check)
-    require_genuine_timing()  # also replaced during the timed calls?
+    """Time fn on fresh inputs, verifying outputs of timed calls; fail when the timing cannot be trusted.
+
+    For a learner function (a grading.remote.RemoteObject), `make_args` is a `WorkerObject` naming a course
+    input generator `gen(index) -> args` (grading.inputs): the worker and the judge build the same inputs
+    from it, so the judge checks the worker's outputs against its own copy of each call's inputs."""
+    from infracourse.grading.remote import RemoteObject
+
+    if isinstance(fn, RemoteObject):
+        timing = _timed_in_worker(fn, make_args, check, label)
+    else:
+        require_genuine_timing()
+        timing = bench.measure(fn, make_args=make_args, check=check)
+        require_genuine_timing()  # also replaced during the timed calls?
     if timing.escaped:
         raise LabCheckFailed(
             f"{label}: CUDA events saw {timing.median_s * 1e6:.1f} us per call but the device-wide clock saw "
@@ -58,6 +74,52 @@ def timed(fn: Callable[..., Any], make_args: Callable[[], tuple], *, check: Call
         require_possible(timing.seconds, bytes_moved=bytes_moved, flops=flops, copy_gbps=ceilings.copy_gbps,
                          peak_tflops=peak)
     return timing
+
+
+def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: str) -> bench.Timing:
+    import random
+
+    from infracourse.grading.inputs import build
+
+    worker = fn._worker
+    generate = build(make_args)
+    prepared = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id,
+                              calls=BATCH_CALLS).value
+    stats = _numbers(prepared, ("median_s", "p10_s", "p90_s", "calls"), label)
+    calls = int(stats["calls"])
+    if not 2 <= calls <= BATCH_CALLS:
+        raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
+    rtt = min(_round_trip(worker) for _ in range(5))
+    t0 = time.perf_counter()
+    ran = worker.request("time_run", hold_s=HOLD_S).value
+    wall = time.perf_counter() - t0
+    held = _numbers(ran, ("hold_s",), label)["hold_s"]
+    wall_per_call = max(wall - min(max(held, 0.0), 1.5 * HOLD_S) - min(rtt, MAX_RTT_CREDIT_S), 0.0) / calls
+    draw = random.SystemRandom()  # which outputs are checked is decided only now, after the batch ran
+    picks = sorted({calls - 1, draw.randrange(calls), draw.randrange(calls)})
+    outputs = worker.request("time_outputs", indices=picks).value
+    if not isinstance(outputs, list) or len(outputs) != len(picks):
+        raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
+    for index, out in zip(picks, outputs):
+        check(out, generate(index))
+    return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
+                        wall_per_call_s=wall_per_call, device="cuda")
+
+
+def _round_trip(worker) -> float:
+    t0 = time.perf_counter()
+    worker.request("ping")
+    return time.perf_counter() - t0
+
+
+def _numbers(reply: Any, keys: tuple[str, ...], label: str) -> dict[str, float]:
+    """Numbers the worker reported, type-checked (it is untrusted): finite and non-negative."""
+    import math
+
+    if not isinstance(reply, dict) or not all(isinstance(reply.get(k), (int, float)) and
+                                              math.isfinite(reply[k]) and reply[k] >= 0 for k in keys):
+        raise LabCheckFailed(f"{label}: the timing worker sent malformed figures ({str(reply)[:200]})")
+    return {k: float(reply[k]) for k in keys}
 
 
 def reference_time(fn: Callable[..., Any], make_args: Callable[[], tuple]) -> bench.Timing:

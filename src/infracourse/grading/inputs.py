@@ -1,0 +1,46 @@
+"""Input generators that the judge and the worker both build, so each side has the same inputs for a call.
+
+A generator is named by a `WorkerObject` ('infracourse.grading.inputs:random_tensors', ...), built in the
+worker from that name and here by `build`; calling it with a call's index gives that call's arguments,
+drawn from a generator seeded with (seed, index). Same torch, same device: the same bits on both sides.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from infracourse.grading.protocol import WorkerObject
+
+
+def build(spec: WorkerObject) -> Callable[[int], tuple]:
+    """The judge's own copy of a generator the worker builds from the same spec."""
+    module_name, _, name = spec.target.partition(":")
+    if not module_name.startswith("infracourse."):
+        raise ValueError(f"input generators come from the course package, not {spec.target!r}")
+    return getattr(importlib.import_module(module_name), name)(*spec.args, **spec.kwargs)
+
+
+class random_tensors:  # noqa: N801  (named like the factory it is, for WorkerObject targets)
+    """args(i) = tensors of the given shapes, `kind` 'randn' (normal) or 'rand' (uniform [0, 1)).
+
+    shapes: [[dims...], ...]; dtype: a torch dtype name; device: 'cuda' or 'cpu'."""
+
+    def __init__(self, shapes: list, dtype: str = "float32", device: str = "cuda", seed: int = 0,
+                 kind: str = "randn"):
+        self.shapes, self.dtype, self.device, self.seed, self.kind = shapes, dtype, device, seed, kind
+
+    def __call__(self, index: int) -> tuple[Any, ...]:
+        import torch
+
+        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + index)
+        draw = torch.randn if self.kind == "randn" else torch.rand
+        dtype = getattr(torch, self.dtype)
+        return tuple(draw(*shape, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
+                     for shape in self.shapes)
+
+
+def tensors(shapes: list, *, dtype: str = "float32", device: str = "cuda", seed: int = 0,
+            kind: str = "randn") -> WorkerObject:
+    """The spec graders pass to perf.timed: `make_args=tensors([[N], [N]], seed=seed)`."""
+    return WorkerObject("infracourse.grading.inputs:random_tensors", (shapes,),
+                        {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
