@@ -124,6 +124,8 @@ class Worker:
 
     def _death(self) -> str:
         code = self.proc.poll() if self.proc else None
+        if code is not None and self.sandboxed and code > 128:
+            code = 128 - code  # bwrap, the sandbox's init, exits with 128 + the signal that killed the worker
         if code is None:
             what = "stopped answering"
         elif code < 0:
@@ -220,6 +222,10 @@ class Worker:
     # ------------------------------------------------------------------ learner code
     def module(self, name: str) -> "RemoteObject":
         return self.request("import", module=name).value
+
+    def build(self, spec: WorkerObject) -> Any:
+        """Make a course object inside the worker (its args may hold learner handles): its value, or a proxy."""
+        return self.request("build", {"object": spec}).value
 
 
 def _storage_of(value):

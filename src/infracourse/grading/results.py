@@ -35,6 +35,7 @@ class GradeResult:
     seconds: float
     checks: list[CheckResult]
     grader_version: str = ""
+    sandboxed: bool = True  # learner code ran in the sandbox (infracourse.sandbox); False: it could not, here
 
     def count(self, status: str) -> int:
         return sum(c.status == status for c in self.checks)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from infracourse import __version__
+from infracourse import __version__, sandbox
 from infracourse.course import Course
 from infracourse.grading.plugin import FATAL_EXIT
 from infracourse.grading.protocol import ProtocolError, validate_event
@@ -88,7 +88,7 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
     return GradeResult(week=lab.spec.week, tier=hardware.tier, device=hardware.device_name,
                        fingerprint=hardware.fingerprint(), started_at=started_at,
                        seconds=time.perf_counter() - t0, checks=[settled[c.id] for c in lab.spec.checks],
-                       grader_version=__version__)
+                       grader_version=__version__, sandboxed=sandbox.status().available)
 
 
 def _withhold_unearned_credit(lab, settled: dict[str, CheckResult]) -> None:
