@@ -1,10 +1,14 @@
 """Week 4 blocks: norm, attention and MLP from tensor ops against the kit's modules, and each stage's layout."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from infracourse.compare import assert_close
-from infracourse.guard import LabCheckFailed, watch_call
+from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.remote import LearnerRaised
+from infracourse.guard import CallRecord, LabCheckFailed
 from infracourse.kit.gpt import MLP, Block, CausalSelfAttention, GPTConfig, RMSNorm
 
 CONFIGS = [GPTConfig(d_model=64, n_head=4), GPTConfig(d_model=48, n_head=3, mlp_ratio=2)]
@@ -17,19 +21,33 @@ def blocks(learner):
     return learner.module("blocks")
 
 
-def _compare(mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward=True):
+def _config(cfg: GPTConfig) -> WorkerObject:
+    """The same GPTConfig, built in the worker (a learner's module takes it as its argument)."""
+    return WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))
+
+
+def _compare(learner, mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward=True):
     """Same weights, same input: outputs and every gradient must agree; no library op may do the work."""
     try:
-        mine.load_state_dict(reference.state_dict())
-    except RuntimeError as exc:
-        raise LabCheckFailed(f"{what}: the kit's weights do not load into yours ({str(exc)[:300]}); keep the "
+        mine.load_state_dict(dict(reference.state_dict()))
+    except LearnerRaised as exc:
+        if exc.type_name != "RuntimeError":
+            raise
+        raise LabCheckFailed(f"{what}: the kit's weights do not load into yours ({exc.message[:300]}); keep the "
                              "parameter names and shapes of infracourse.kit.gpt") from None
-    mine.to(x.dtype)
     reference.to(x.dtype)
+    # the kit's weights go in as arguments of the call, so the bridged backward returns their gradients too
+    probe = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:Functional", (mine._handle,)))
+    names = probe.names
+    weights = dict(reference.named_parameters())
+    if not isinstance(names, list) or sorted(names) != sorted(weights):
+        raise LabCheckFailed(f"{what}: your module's parameters are {str(names)[:300]}, the kit's "
+                             f"{sorted(weights)}; keep the parameter names of infracourse.kit.gpt")
+    params = [weights[name].detach().clone().requires_grad_(backward) for name in names]
     x_mine, x_ref = x.clone().requires_grad_(backward), x.clone().requires_grad_(backward)
-    with watch_call(poison=False) as record:
-        out = mine(x_mine)
-    used = sorted({op for op in record.ops if any(name in op for name in forbidden)})
+    result = probe.call((x_mine, *params), watch={"poison": False})
+    out, record = result.value, CallRecord.from_evidence(result.record)
+    used = sorted({op for op in record.ops + record.profiled if any(name in op for name in forbidden)})
     if used:
         raise LabCheckFailed(f"{what} called {used}: write it from tensor ops (matmul, softmax, erf, ...), not the "
                              "library's fused op")
@@ -41,7 +59,7 @@ def _compare(mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward
     out.backward(grad)
     expected.backward(grad)
     pairs = [("the input", x_mine.grad, x_ref.grad)] + [
-        (name, p.grad, q.grad) for (name, p), q in zip(mine.named_parameters(), reference.parameters())]
+        (name, p.grad, weights[name].grad) for name, p in zip(names, params)]
     for name, got, want in pairs:
         # gradients sum many terms that cancel: the absolute tolerance follows their magnitude
         scale = max(1.0, want.abs().max().item())
@@ -56,32 +74,32 @@ def _cases(seed):
 
 
 @pytest.mark.check("block-norm")
-def test_norm(blocks, seed):
+def test_norm(learner, blocks, seed):
     for cfg, x, what in _cases(seed):
         reference = RMSNorm(cfg.d_model)
         with torch.no_grad():
             reference.weight.normal_()
-        _compare(blocks.RMSNorm(cfg.d_model), reference, x * 1e-3, f"RMSNorm of {what} x 1e-3",
+        _compare(learner, blocks.RMSNorm(cfg.d_model), reference, x * 1e-3, f"RMSNorm of {what} x 1e-3",
                  ("rms_norm", "layer_norm"))
-        _compare(blocks.RMSNorm(cfg.d_model), reference, x.bfloat16(), f"RMSNorm in bf16 of {what}",
+        _compare(learner, blocks.RMSNorm(cfg.d_model), reference, x.bfloat16(), f"RMSNorm in bf16 of {what}",
                  ("rms_norm", "layer_norm"), rtol=None, atol=None, backward=False)
 
 
 @pytest.mark.check("block-attention")
-def test_attention(blocks, seed):
+def test_attention(learner, blocks, seed):
     for cfg, x, what in _cases(seed):
         reference = CausalSelfAttention(cfg)
-        _compare(blocks.CausalSelfAttention(cfg), reference, x, f"attention on {what}", ("scaled_dot_product",))
+        _compare(learner, blocks.CausalSelfAttention(_config(cfg)), reference, x, f"attention on {what}", ("scaled_dot_product",))
         # scores near 100: exp overflows fp32 unless each row's max is subtracted first; so sharp a softmax
         # magnifies rounding, hence the looser tolerance
-        _compare(blocks.CausalSelfAttention(cfg), reference, x * 50, f"attention on {what} x 50",
+        _compare(learner, blocks.CausalSelfAttention(_config(cfg)), reference, x * 50, f"attention on {what} x 50",
                  ("scaled_dot_product",), rtol=1e-3, atol=5e-4, backward=False)
 
 
 @pytest.mark.check("block-mlp")
-def test_mlp(blocks, seed):
+def test_mlp(learner, blocks, seed):
     for cfg, x, what in _cases(seed):
-        _compare(blocks.MLP(cfg), MLP(cfg), x * 20, f"MLP on {what} x 20", ("gelu",))
+        _compare(learner, blocks.MLP(_config(cfg)), MLP(cfg), x * 20, f"MLP on {what} x 20", ("gelu",))
 
 
 def _kit_layouts(batch, seq, cfg):
@@ -100,7 +118,7 @@ def _kit_layouts(batch, seq, cfg):
 @pytest.mark.check("block-layouts")
 def test_layouts(blocks):
     for cfg, (batch, seq) in [(CONFIGS[0], (2, 5)), (CONFIGS[1], (3, 7))]:
-        got = blocks.layouts(batch, seq, cfg)
+        got = blocks.layouts(batch, seq, _config(cfg))
         for stage, (shape, stride) in _kit_layouts(batch, seq, cfg).items():
             if stage not in got:
                 raise LabCheckFailed(f"layouts() has no entry for stage {stage!r}")

@@ -1,9 +1,13 @@
 """Week 4 views: predictions of view or copy, contiguity from strides, and views built with as_strided,
-each verified through storage pointers and the ops the learner's function dispatched."""
+each verified through storage pointers and the ops the learner's function dispatched.
+
+The learner's functions run in the grading worker. An output that is a view of an argument comes back as a
+view of the judge's own tensor (the codec keeps aliasing when the storage's bytes match), so storage pointers
+are compared here; the ops each call dispatched are what the worker observed (guard.CallRecord)."""
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed, require_plain_tensor, watch_call
+from infracourse.guard import CallRecord, LabCheckFailed, require_plain_tensor
 
 # Every expression of PREDICTIONS, with the reason its answer is what it is (shown when a prediction is wrong).
 REASONS = {
@@ -42,6 +46,13 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+def _watched(fn, *args):
+    """Call a learner function in the worker, watched without poisoning: (output, ops it dispatched)."""
+    result = fn.call(args, watch={"poison": False})
+    record = CallRecord.from_evidence(result.record)
+    return result.value, record.ops + record.profiled
+
+
 @pytest.mark.check("views-predict")
 def test_predictions(views):
     predictions = getattr(views, "PREDICTIONS", {})
@@ -76,11 +87,10 @@ def _layout_cases():
 def test_strides(views):
     for what, t in _layout_cases().items():
         shape, stride = tuple(t.shape), tuple(t.stride())
-        with watch_call(poison=False) as record:
-            got_strides = views.row_major_strides(shape)
-            got = views.is_row_major(shape, stride)
-        if record.ops:
-            raise LabCheckFailed(f"row_major_strides / is_row_major dispatched torch ops {sorted(set(record.ops))}: "
+        got_strides, ops = _watched(views.row_major_strides, shape)
+        got, more_ops = _watched(views.is_row_major, shape, stride)
+        if ops or more_ops:
+            raise LabCheckFailed(f"row_major_strides / is_row_major dispatched torch ops {sorted(set(ops + more_ops))}: "
                                  "work from the numbers in shape and stride alone")
         want_strides = torch.empty(shape).stride()
         if tuple(got_strides) != want_strides:
@@ -115,9 +125,8 @@ def test_transpose_view(views):
     cases = [(x, 0, 2), (x, -1, -2), (x, 1, 1), (offset, 0, 1), (offset, 2, 0), (torch.randn(5, 6).t(), 0, 1)]
     for t, d0, d1 in cases:
         what = f"transpose_view of a {tuple(t.shape)} tensor with strides {t.stride()}, dims ({d0}, {d1})"
-        with watch_call(poison=False) as record:
-            out = views.transpose_view(t, d0, d1)
-        _require_view(out, t, t.transpose(d0, d1), what, record.ops)
+        out, ops = _watched(views.transpose_view, t, d0, d1)
+        _require_view(out, t, t.transpose(d0, d1), what, ops)
 
 
 @pytest.mark.check("views-sliding-window")
@@ -129,9 +138,8 @@ def test_sliding_windows(views):
     for x, size, step in cases:
         what = f"sliding_windows(size={size}, step={step}) of {x.shape[0]} elements with stride {x.stride(0)}, " \
                f"offset {x.storage_offset()}"
-        with watch_call(poison=False) as record:
-            out = views.sliding_windows(x, size, step)
+        out, ops = _watched(views.sliding_windows, x, size, step)
         if size > x.shape[0]:  # no window fits: unfold refuses, the answer is an empty (0, size) tensor
             require_plain_tensor(out, shape=(0, size), dtype=x.dtype, device=x.device, what=what)
             continue
-        _require_view(out, x, x.unfold(0, size, step), what, record.ops)
+        _require_view(out, x, x.unfold(0, size, step), what, ops)
