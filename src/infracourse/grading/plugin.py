@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from infracourse.grading.fixtures import CHECK_KEY
+from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerRaised, WorkerFailed
 from infracourse.guard import LabCheckFailed
 from infracourse.syllabus import load_lab
 
-FATAL_EXIT = 87  # the runner reads this exit code as "the device is unusable; go on in a fresh process"
 BLOCKED_PREFIX = "infracourse-blocked: "
 # Errors after which the CUDA context is unusable: the runner restarts a fresh process for the rest.
 FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure")

@@ -25,8 +25,7 @@ from typing import Callable
 
 from infracourse import __version__, sandbox
 from infracourse.course import Course
-from infracourse.grading.plugin import FATAL_EXIT
-from infracourse.grading.protocol import ProtocolError, validate_event
+from infracourse.grading.protocol import FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, GradeResult
 from infracourse.hardware import Hardware, detect
 
