@@ -10,7 +10,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
+from infracourse.kit.resume_driver import NOT_WRITTEN, launch
 
-DRIVER = Path(__file__).with_name("run_training.py")
 STEPS, SAVE_EVERY = 24, 3
-NOT_WRITTEN = 2  # run_training.py's exit code for a NotImplementedError
 BF16_LOSS_RTOL = 1e-3
 
 
@@ -44,32 +43,63 @@ class KillAndResume:
         return f"(killed after step {self.kill_at}, seed {self.seed})"
 
 
-def _train_process(learner_dir: Path, run_dir: Path, device: str, precision: str, final: Path, log: Path):
-    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
-    command = [sys.executable, str(DRIVER), "train", str(learner_dir), str(run_dir), str(STEPS), str(SAVE_EVERY),
-               device, precision, str(final)]
+def _train_process(learner_dir: Path, work: Path, run_dir: Path, device: str, precision: str, final: Path,
+                   log: Path):
+    """The driver confined to the learner's snapshot (read-only) and `work` (read-write: checkpoints, outputs)."""
+    args = ["train", str(learner_dir), str(run_dir), str(STEPS), str(SAVE_EVERY), device, precision, str(final)]
     with log.open("w") as stderr:  # the child keeps its own handle
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        return launch(args, snapshot=learner_dir, scratch=work, gpu=device == "cuda", stdout=subprocess.PIPE,
+                      stderr=stderr, text=True)
+
+
+def _kill(proc) -> None:
+    """SIGKILL the run at once: the sandbox's whole process tree dies with the process the judge started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _step_line(text: str) -> dict | None:
+    """One step's report, type-checked (the learner's code writes to the same stdout); None for other lines."""
     try:
         line = json.loads(text)
     except ValueError:
         return None  # the learner's own prints
-    return line if isinstance(line, dict) and "step" in line else None
+    if not (isinstance(line, dict) and type(line.get("step")) is int and isinstance(line.get("loss"), str)
+            and isinstance(line.get("inputs"), str)):
+        return None
+    try:
+        float.fromhex(line["loss"])
+    except ValueError:
+        return None
+    return line
 
 
 def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
-    out, _ = proc.communicate(timeout=300)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        proc.communicate()
+        raise RuntimeError(f"the {what} did not finish in 300 s") from None
     run.steps += [line for text in out.splitlines() if (line := _step_line(text))]
     error = log.read_text(errors="replace").strip()
     if proc.returncode == NOT_WRITTEN:
-        raise NotImplementedError(error.splitlines()[-1] if error else "train.py")
+        # the learner's code raised it in the driver's process: graded as the worker's would be
+        raise LearnerRaised("NotImplementedError", error.splitlines()[-1][:2000] if error else "train.py")
     if final is not None:
         if proc.returncode != 0:
             raise RuntimeError(f"the {what} crashed (exit code {proc.returncode}):\n{error[-1500:]}")
-        run.final = torch.load(final, weights_only=False)
+        try:  # written by a process the learner's code ran in: tensors and plain containers only, never objects
+            run.final = torch.load(final, weights_only=True)
+        except Exception as exc:  # noqa: BLE001  (whatever makes the file unreadable is the finding)
+            raise LabCheckFailed(f"the state after the {what} could not be read back ({type(exc).__name__}: "
+                                 f"{str(exc)[:300]}): train() must return the kit's model, a torch optimizer and "
+                                 "scheduler, and the kit's Batches") from None
+        if not isinstance(run.final, dict) or set(run.final) != set(RNG_HINT) | {"model", "optimizer",
+                                                                                     "scheduler", "data"}:
+            raise LabCheckFailed(f"the state after the {what} is malformed")
     return run
 
 
@@ -78,31 +108,32 @@ def kill_and_resume(learner_dir: Path, work: Path, device: str, precision: str, 
     for name in ("full", "interrupted"):
         (work / name).mkdir(parents=True)
     # the uninterrupted run and the one to be killed are independent: run them side by side
-    uninterrupted = _train_process(learner_dir, work / "full", device, precision, work / "full.pt",
+    uninterrupted = _train_process(learner_dir, work, work / "full", device, precision, work / "full.pt",
                                    work / "full.log")
     try:
         return _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, kill_at, seed)
     finally:
         if uninterrupted.poll() is None:  # the other run failed first: do not leave this one behind
-            uninterrupted.kill()
+            _kill(uninterrupted)
             uninterrupted.wait()
 
 
 def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, kill_at, seed) -> KillAndResume:
-    proc = _train_process(learner_dir, work / "interrupted", device, precision, work / "x.pt", work / "killed.log")
+    proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "x.pt",
+                          work / "killed.log")
     killed = Run()
     for text in proc.stdout:
         if (line := _step_line(text)) is not None:
             killed.steps.append(line)
             if line["step"] >= kill_at:
-                os.kill(proc.pid, signal.SIGKILL)  # whatever it is doing now: stepping, or writing a checkpoint
+                _kill(proc)  # whatever it is doing now: stepping, or writing a checkpoint
                 break
     _finish(proc, work / "killed.log", "run to be interrupted", None, killed)
     if not killed.steps or killed.steps[-1]["step"] < kill_at:
         raise RuntimeError(f"the run to be interrupted ended before step {kill_at} (exit code {proc.returncode}):\n"
                            + (work / "killed.log").read_text(errors="replace")[-1500:])
 
-    proc = _train_process(learner_dir, work / "interrupted", device, precision, work / "resumed.pt",
+    proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "resumed.pt",
                           work / "resumed.log")
     full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
     resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())

@@ -1,0 +1,128 @@
+"""Runs a learner's week-5 training code in a confined process of its own, for the week-5 graders.
+
+The grader must SIGKILL training at a step of its choosing, so the training runs in a process the judge can
+kill, not in the grading worker. `launch` starts this module inside the sandbox (infracourse.sandbox: the
+learner's snapshot read-only, a scratch folder read-write where the run's checkpoints and outputs go); the
+judge reads what it wrote there as untrusted data (JSON lines, and a state file loaded with
+torch.load(weights_only=True), which rebuilds tensors and plain containers only).
+
+  python -m infracourse.kit.resume_driver train LEARNER RUN_DIR STEPS SAVE_EVERY DEVICE PRECISION FINAL
+      calls train(); prints one JSON line per step, flushed, so the grader can SIGKILL it at a step of its
+      choosing; at a normal end writes FINAL: the live state after training (model, optimiser, scheduler,
+      data position, every RNG), read from the objects train() returned, never from the learner's checkpoint.
+  python -m infracourse.kit.resume_driver kill-while-saving LEARNER CHECKPOINT MARKER
+      saves a first state, then a second one holding an object that SIGKILLs the process while it is being
+      serialised; writes MARKER if anything opened CHECKPOINT itself for writing.
+A NotImplementedError in the learner's code ends the process with code 2 and its message on stderr.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+NOT_WRITTEN = 2
+KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # a direct child, or the sandbox's init reporting its child
+
+
+def launch(args: list[str], *, snapshot: Path, scratch: Path, gpu: bool = False, **popen) -> subprocess.Popen:
+    """Start this driver confined like the grading worker (same sandbox, same clean environment); a plain
+    subprocess with that environment only where no sandbox can be made on this machine."""
+    from infracourse import sandbox
+    from infracourse.grading.remote import _ENV_KEEP, _engine_path
+
+    command = [sys.executable, "-s", "-m", "infracourse.kit.resume_driver", *args]
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=_engine_path(),
+               CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
+    if sandbox.status().available:
+        command = sandbox.wrap(command, snapshot=snapshot, scratch=scratch, gpu=gpu)
+    return subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True, **popen)
+
+
+def _plain(state):
+    """NumPy's generator state as tensors and ints, so the judge can load it without unpickling objects."""
+    import numpy as np
+    import torch
+
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state.astype(np.int64))
+    if isinstance(state, tuple):
+        return tuple(_plain(s) for s in state)
+    return state
+
+
+def _train(learner, run_dir, steps, save_every, device, precision, final):
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)  # one thread: CPU kernels then sum in one fixed order, run after run
+    if device == "cuda":  # (on the CPU every op this model uses is deterministic already; the switch costs
+        torch.use_deterministic_algorithms(True, warn_only=True)  # seconds of imports)
+    import train
+
+    def on_step(step, loss, inputs):
+        digest = hashlib.sha1(inputs.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+        print(json.dumps({"step": int(step), "loss": float(loss).hex(), "inputs": digest}), flush=True)
+
+    result = train.train(run_dir, int(steps), save_every=int(save_every), device=device, precision=precision,
+                         on_step=on_step)
+    if not (isinstance(result, tuple) and len(result) == 4):
+        raise TypeError(f"train() returned {type(result).__name__}; it must return "
+                        "(model, optimizer, scheduler, batches)")
+    model, optimizer, scheduler, batches = result
+    torch.save({
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "data": batches.state_dict(), "python": random.getstate(), "numpy": _plain(np.random.get_state()),
+        "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device == "cuda" else [],
+    }, final)
+
+
+class _KillWhileSerialised:
+    """Pickling this object SIGKILLs the process: a crash in the middle of writing a checkpoint."""
+
+    def __reduce_ex__(self, protocol):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_while_saving(learner, checkpoint, marker):
+    import torch
+
+    import train
+
+    checkpoint = os.path.abspath(checkpoint)
+    train.save_checkpoint({"step": 1, "payload": torch.arange(1000.0)}, Path(checkpoint))
+
+    def watch(event, args):
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            mode, flags = args[1], args[2]
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                (isinstance(flags, int) and flags > 0 and flags & (os.O_WRONLY | os.O_RDWR))
+            if writes and os.path.abspath(os.fsdecode(args[0])) == checkpoint and not os.path.exists(marker):
+                fd = os.open(marker, os.O_WRONLY | os.O_CREAT)
+                os.close(fd)
+
+    sys.addaudithook(watch)
+    train.save_checkpoint({"step": 2, "payload": torch.zeros(1000), "crash": _KillWhileSerialised()},
+                          Path(checkpoint))
+
+
+def main(argv):
+    mode, learner, *rest = argv
+    # the learner's folder heads the import path, in place of the start folder (the scratch dir)
+    sys.path[:] = [learner] + [p for p in sys.path[1:] if p not in ("", os.getcwd())]
+    try:
+        {"train": _train, "kill-while-saving": _kill_while_saving}[mode](learner, *rest)
+    except NotImplementedError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return NOT_WRITTEN
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
