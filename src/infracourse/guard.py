@@ -97,6 +97,10 @@ class CallRecord:
     profiled: list[str] = field(default_factory=list)  # seen by the profiler, on every thread
     oob_writes: int = 0  # counted in the worker, for a record that crossed the channel
     inputs_modified: list[int] = field(default_factory=list)
+    kernel_buffers: set = field(default_factory=set)  # storages (data_ptr) passed to launched kernels
+    derived: dict = field(default_factory=dict)       # storage -> input positions it holds (views, copies)
+    inputs_read: list[int] = field(default_factory=list)   # input positions a kernel was given (data flow)
+    output_written: bool | None = None                      # a kernel was given the output's storage
 
     @classmethod
     def from_evidence(cls, evidence: dict) -> "CallRecord":
@@ -106,9 +110,19 @@ class CallRecord:
             return [str(v)[:200] for v in values] if isinstance(values, list) else ["<malformed record>"]
         count = evidence.get("oob_writes", 0)
         modified = evidence.get("inputs_modified", [])
+        read = evidence.get("inputs_read", [])
         return cls(ops=names("ops"), kernels=names("kernels"), profiled=names("profiled"),
                    oob_writes=count if isinstance(count, int) else 1,
-                   inputs_modified=[m for m in modified if isinstance(m, int)] if isinstance(modified, list) else [0])
+                   inputs_modified=[m for m in modified if isinstance(m, int)] if isinstance(modified, list) else [0],
+                   inputs_read=[r for r in read if isinstance(r, int)] if isinstance(read, list) else [],
+                   output_written=evidence.get("output_written") is True)
+
+    def trace_data_flow(self, inputs: list, output) -> None:
+        """Which inputs reached a kernel (directly, as a view, or through copies made in the call) and whether
+        the output's storage was given to a kernel: host work followed by a copy kernel fails both."""
+        self.inputs_read = sorted({position for ptr in self.kernel_buffers for position in self.derived.get(ptr, ())})
+        storages = _tensor_storages(list(output) if isinstance(output, (tuple, list)) else [output])
+        self.output_written = bool(storages) and storages <= self.kernel_buffers
 
     def compute_ops(self, allowed: frozenset[str] = frozenset()) -> list[str]:
         """Ops seen by either observer that compute (see `op_effect`), less those `allowed` by the check."""
@@ -186,8 +200,10 @@ def _install_triton_hooks() -> None:
             if not records:  # nothing watched (a timed call): no bookkeeping at all
                 return _original(self, *args, **kwargs)
             if _kind == "kernel" and not kwargs.get("warmup", False):
+                buffers = _tensor_storages(list(args) + list(kwargs.values()))
                 for record in records:
                     record.kernels.append(getattr(self, "__name__", type(self).__name__))
+                    record.kernel_buffers.update(buffers)
             stack = _state.__dict__.setdefault("stack", [])
             stack.append(_kind)
             try:
@@ -245,8 +261,14 @@ def _stop_profiler(profiler) -> list[str]:
     return ops
 
 
+def _tensor_storages(values: list) -> set:
+    import torch
+
+    return {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor) and v.numel()}
+
+
 @contextmanager
-def watch_call(poison: bool = True):
+def watch_call(poison: bool = True, inputs: tuple = ()):
     """Record aten ops and Triton launches made inside the block: `with watch_call() as rec: f(x)`.
 
     With `poison`, floating-point tensors allocated inside the block start as NaN (an element the kernel
@@ -257,6 +279,9 @@ def watch_call(poison: bool = True):
 
     _install_triton_hooks()
     record = CallRecord()
+    for position, value in enumerate(inputs):  # data flow starts at the inputs' storages
+        for ptr in _tensor_storages([value]):
+            record.derived.setdefault(ptr, set()).add(position)
 
     class _Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -266,6 +291,13 @@ def watch_call(poison: bool = True):
                 return out  # Triton's benchmarking, or the profiler's own bookkeeping
             name = func._overloadpacket.__name__
             record.ops.append(name)
+            if op_effect(name) in ("view", "copy"):  # a copy of an input still carries that input
+                sources = set().union(*(record.derived.get(p, set()) for p in
+                                        _tensor_storages(list(args) + list((kwargs or {}).values()))))
+                if sources:
+                    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+                    for ptr in _tensor_storages(outs):
+                        record.derived.setdefault(ptr, set()).update(sources)
             if context is None and poison and name in ALLOCATION_OPS and out.is_floating_point() and out.numel():
                 with _mark(GUARD_MARK):
                     out, fence = poisoned_allocation(out)
@@ -323,8 +355,9 @@ def run_watched(fn: Callable[..., Any], *args, allowed: frozenset[str] = frozens
                                  "result into a new tensor and leave the inputs as they were")
     else:
         inputs = snapshot_inputs(args)
-        with watch_call() as record:
+        with watch_call(inputs=args) as record:
             out = fn(*args)
+        record.trace_data_flow(list(args), out)
         require_inputs_unchanged(args, inputs, name)
     stray = record.out_of_bounds_writes()
     if stray:
@@ -340,7 +373,23 @@ def run_watched(fn: Callable[..., Any], *args, allowed: frozenset[str] = frozens
     if not record.kernels:
         raise LabCheckFailed(f"{name} launched no Triton kernel: write the computation as a @triton.jit kernel "
                              "and launch it with kernel[grid](...).")
+    require_data_flow(record, args, name)
     return out
+
+
+def require_data_flow(record: CallRecord, args: tuple, name: str) -> None:
+    """The answer must flow through the kernels: every non-empty tensor argument (or a view or copy made of it
+    in the call) was passed to a launched kernel, and so was the output's storage."""
+    import torch
+
+    unread = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and i not in record.inputs_read]
+    if unread:
+        raise LabCheckFailed(f"{name}: no kernel you launched was given argument {unread[0]} (nor a view or copy of "
+                             "it): the answer was computed some other way (on the host, or by torch) and the kernel "
+                             "only moved it. Pass the input tensors to your kernel and compute there.")
+    if record.output_written is False:
+        raise LabCheckFailed(f"{name}: the tensor you returned was never given to a kernel you launched: return the "
+                             "output buffer your kernel stored into.")
 
 
 def require_plain_tensor(out: Any, *, like: Any = None, shape=None, dtype=None, device=None, what: str = "output"):

@@ -122,6 +122,8 @@ class Worker:
             return {"value": None}, {}
         if op == "call":
             return self.call(header, decoder)
+        if op == "build":  # a course object (a probe around learner code), built here: its value or a handle
+            return {"value": decoder.decode(header.get("object"))}, {}
         if op == "backward":
             return self.backward(header, decoder), {}
         if op == "time_prepare":
@@ -162,10 +164,12 @@ class Worker:
 
             flat = list(args) + list(kwargs.values())
             before = snapshot_inputs(tuple(flat))
-            with watch_call(poison=bool(watch.get("poison", True))) as rec:
+            with watch_call(poison=bool(watch.get("poison", True)), inputs=tuple(flat)) as rec:
                 out = fn(*args, **kwargs)
+            rec.trace_data_flow(flat, out)
             record = {"ops": rec.ops, "kernels": rec.kernels, "profiled": rec.profiled,
-                      "oob_writes": rec.out_of_bounds_writes(),
+                      "oob_writes": rec.out_of_bounds_writes(), "inputs_read": rec.inputs_read,
+                      "output_written": rec.output_written,
                       "inputs_modified": [i for i, (a, b) in enumerate(zip(flat, before))
                                           if b is not None and not _same(a, b)]}
         else:
