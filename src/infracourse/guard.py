@@ -314,6 +314,19 @@ def watch_call(poison: bool = True, inputs: tuple = ()):
         record.profiled = _stop_profiler(profiler)
 
 
+@contextmanager
+def record_launches():
+    """Only the Triton launches (kernel names and the storages passed to them) made inside the block: cheap
+    enough for timed calls, where a dispatch mode or profiler would change the time."""
+    record = CallRecord()
+    _install_triton_hooks()
+    _state.records = getattr(_state, "records", []) + [record]
+    try:
+        yield record
+    finally:
+        _state.records = [r for r in _state.records if r is not record]
+
+
 def snapshot_inputs(args: tuple) -> list:
     """Private copies of the tensor arguments, taken before a learner's call."""
     import torch

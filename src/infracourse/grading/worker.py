@@ -198,6 +198,7 @@ class Worker:
         import torch
 
         from infracourse import bench
+        from infracourse.guard import watch_call
 
         fn = self.objects[header["target"]]
         make_args = decoder.decode(header["make_args"])
@@ -211,28 +212,50 @@ class Worker:
             size = sum(a.nbytes for a in first if isinstance(a, torch.Tensor)) or 1
             calls = max(2, min(calls, int(0.2 * torch.cuda.mem_get_info()[0] // (2 * size))))
         batch = [first] + [make_args(i) for i in range(1, calls)]
-        for args in batch:  # untimed pass: the allocator holds a batch's worth of outputs before the clock runs
-            fn(*args)
+        observed = []
+        for args in batch:  # untimed pass, every call watched: the allocator also settles before the clock runs
+            with watch_call(poison=False, inputs=args) as rec:
+                out = fn(*args)
+            rec.trace_data_flow(list(args), out)
+            observed.append(rec)
         if on_gpu:
             torch.cuda.synchronize()
         self.batch = {"fn": fn, "args": batch}
         return {"value": {"median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s,
-                          "n": len(timing.samples_s), "calls": calls}}
+                          "n": len(timing.samples_s), "calls": calls},
+                "record": {"ops": sorted({op for r in observed for op in r.ops}),
+                           "profiled": sorted({op for r in observed for op in r.profiled}),
+                           "kernels": sorted({k for r in observed for k in r.kernels}),
+                           "calls_without_kernel": sum(not r.kernels for r in observed),
+                           "calls_without_data_flow": sum(_flow_broken(r, args) for r, args in zip(observed, batch))}}
 
     def time_run(self, header: dict) -> dict:
         """Run the prepared batch back to back (the device held first, so launches queue), then synchronise."""
         import torch
 
         from infracourse import bench
+        from infracourse.guard import _tensor_storages as _storages
+        from infracourse.guard import record_launches
 
         fn, batch = self.batch["fn"], self.batch["args"]
         on_gpu = torch.cuda.is_available()
         held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
-        outputs = [fn(*args) for args in batch]
+        outputs, launches = [], []
+        for args in batch:
+            with record_launches() as rec:  # launches only: anything heavier would change the time
+                outputs.append(fn(*args))
+            launches.append(rec)
         if on_gpu:
             torch.cuda.synchronize()
         self.batch["outputs"] = outputs
-        return {"value": {"hold_s": held.seconds(), "calls": len(batch)}}
+        broken = 0
+        for rec, args, out in zip(launches, batch, outputs):
+            rec.derived = {ptr: {i} for i, a in enumerate(args) for ptr in _storages([a])}
+            rec.trace_data_flow(list(args), out)
+            broken += _flow_broken(rec, args)
+        return {"value": {"hold_s": held.seconds(), "calls": len(batch)},
+                "record": {"calls_without_kernel": sum(not r.kernels for r in launches),
+                           "calls_without_data_flow": broken}}
 
     # ------------------------------------------------------------------ errors
     def describe(self, exc: BaseException) -> dict:
@@ -243,6 +266,14 @@ class Worker:
                 where = f"{path.name}:{frame.lineno}: {frame.line}"
                 break
         return {"type": type(exc).__name__, "message": str(exc)[:2000], "where": where}
+
+
+def _flow_broken(record, args) -> bool:
+    """An input never given to a kernel, or an output no kernel was given (see guard.require_data_flow)."""
+    import torch
+
+    unread = any(isinstance(a, torch.Tensor) and a.numel() and i not in record.inputs_read for i, a in enumerate(args))
+    return bool(unread or record.output_written is False)
 
 
 class LearnerImportError(Exception):
@@ -261,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", dest="fd_out", type=int, required=True)
     parser.add_argument("--learner", type=Path, required=True)
     options = parser.parse_args(argv)
+    try:  # before the learner's folder is on the path: start-up time is not charged to a check (remote.ready)
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     # the learner's folder replaces the start folder (the scratch dir) at the head of the import path
     sys.path[:] = [str(options.learner.resolve())] + [p for p in sys.path[1:] if p not in ("", os.getcwd())]
     sys.dont_write_bytecode = True
