@@ -5,11 +5,13 @@ a forward and backward pass there makes the gradients autograd really creates, a
 really keeps. Activations are the bytes autograd saves for backward, seen through saved_tensors_hooks
 on a real CPU forward pass. On a GPU the estimated total is held against torch.cuda.max_memory_allocated.
 """
+import dataclasses
 import functools
 
 import pytest
 import torch
 
+from infracourse.grading.protocol import WorkerObject
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 
@@ -29,11 +31,12 @@ def memory(learner):
 
 
 def estimate(memory, cfg, batch, precision="fp32", master_weights=False) -> dict:
-    got = memory.estimate_memory(cfg, batch, precision=precision, master_weights=master_weights)
+    config = WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))  # built in the worker
+    got = memory.estimate_memory(config, batch, precision=precision, master_weights=master_weights)
     what = f"estimate_memory(batch={batch}, precision={precision!r}, master_weights={master_weights})"
     if not isinstance(got, dict) or set(got) != set(KEYS):
         raise LabCheckFailed(f"{what} must return a dict with exactly the keys {list(KEYS)}, got {got!r:.200}")
-    if any(not isinstance(got[k], int) or got[k] < 0 for k in KEYS):
+    if any(type(got[k]) is not int or got[k] < 0 for k in KEYS):
         raise LabCheckFailed(f"{what}: every value must be a whole number of bytes (int >= 0), got {got}")
     if got["total"] != sum(got[k] for k in KEYS[:-1]):
         raise LabCheckFailed(f"{what}: total {got['total']} is not the sum of the four parts")

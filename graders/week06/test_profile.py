@@ -1,25 +1,38 @@
 """Week 6 profile: the learner's train_step keeps the provided step's results, without its host-device
-synchronisation and its extra copy, as seen in torch.profiler; on a GPU it must also be faster."""
-import copy
+synchronisation and its extra copy, as seen in torch.profiler; on a GPU it must also be faster.
+
+train_step works on a live model and optimiser, so it runs in the grading worker on a kit GPT built there
+with the judge's weights (kit.probes_step.TrainSteps); the judge runs the provided step on its own copy and
+compares. The profile is taken in the worker (evidence); times are clocked by the judge (grading.perf)."""
+import dataclasses
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from infracourse import bench
 from infracourse.compare import assert_close
+from infracourse.grading import perf
+from infracourse.grading.protocol import WorkerObject
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
+from infracourse.kit.probes_step import SYNC_OP
 from infracourse.kit.train import mean_loss, slow_train_step
 
 PROFILE_CONFIG = GPTConfig(d_model=128, n_layer=2)
-SYNC_OP = "aten::_local_scalar_dense"  # what .item(), float(t) and bool(t) run: the host waits for the value
 COPY_SLACK = 0.05  # of the gradient bytes: clipping's per-tensor norms and the metrics are small
 
 
 @pytest.fixture(scope="module")
 def step(learner):
     return learner.module("step").train_step
+
+
+def _steps_in_worker(learner, train_step, cfg, model, device):
+    """A TrainSteps in the worker: the learner's step (or, for None, the provided one) on a copy of `model`."""
+    spec = WorkerObject("infracourse.kit.probes_step:TrainSteps",
+                        (train_step._handle if train_step is not None else None,
+                         WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg)),
+                         {k: v.detach() for k, v in model.state_dict().items()}, device))
+    return learner.worker.build(spec)
 
 
 def _setup(cfg, device, seed, batch=8, count=3):
@@ -30,56 +43,49 @@ def _setup(cfg, device, seed, batch=8, count=3):
 
 
 @pytest.mark.check("step-correct")
-def test_step_correct(step, device, seed):
-    model, optimizer, batches = _setup(PROFILE_CONFIG, device, seed)
-    reference = copy.deepcopy(model)
-    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-    mine, ref = {}, {}
+def test_step_correct(learner, step, device, seed):
+    reference, ref_optimizer, batches = _setup(PROFILE_CONFIG, device, seed)
+    mine = _steps_in_worker(learner, step, PROFILE_CONFIG, reference, device)
+    ref = {}
     for inputs, targets in batches:  # the first steps' gradients have norms above 1: clipping is exercised
-        step(model, optimizer, inputs, targets, mine)
+        mine.step(inputs, targets)
         slow_train_step(reference, ref_optimizer, inputs, targets, ref)
-    if mine.get("steps") != len(batches):
-        raise LabCheckFailed(f"metrics['steps'] is {mine.get('steps')} after {len(batches)} steps")
-    got, want = mean_loss(mine), mean_loss(ref)
+    state = mine.state()
+    metrics, weights = state.get("metrics", {}), state.get("weights", {})
+    if metrics.get("steps") != len(batches):
+        raise LabCheckFailed(f"metrics['steps'] is {metrics.get('steps')} after {len(batches)} steps")
+    if not isinstance(metrics.get("loss_sum"), (int, float)):
+        raise LabCheckFailed(f"metrics['loss_sum'] is {str(metrics.get('loss_sum'))[:100]}: keep the running sum of "
+                             "the losses, a number or a 0-d tensor")
+    got, want = mean_loss(metrics), mean_loss(ref)
     if abs(got - want) > 1e-6 * abs(want):
         raise LabCheckFailed(f"mean_loss(metrics) is {got!r} after your steps, {want!r} after the provided step's "
                              "(metrics['loss_sum'] must add up every step's loss)")
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        assert_close(p, q, rtol=1e-4, atol=1e-6, what=f"{name} after {len(batches)} steps (seed {seed}); "
+    for name, q in reference.named_parameters():
+        assert_close(weights.get(name), q.detach().cpu(), rtol=1e-4, atol=1e-6,
+                     what=f"{name} after {len(batches)} steps (seed {seed}); "
                      f"the provided step clips the global gradient norm to 1.0 before AdamW")
 
 
-def _profile(fn, device) -> dict:
-    """Per profiled call: calls of the sync op, and bytes each op allocated (self, CPU plus device)."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities, profile_memory=True) as prof:
-        fn()
-    allocated, syncs = {}, 0
-    for event in prof.events():
-        syncs += event.name == SYNC_OP
-        grown = max(event.self_cpu_memory_usage, 0) + max(getattr(event, "self_device_memory_usage", 0), 0)
-        allocated[event.name] = allocated.get(event.name, 0) + grown
-    return {"syncs": syncs, "allocated": allocated}
+def _profile_numbers(reply) -> dict:
+    """A profile the worker sent, type-checked (it is untrusted data)."""
+    ok = isinstance(reply, dict) and type(reply.get("syncs")) is int and isinstance(reply.get("allocated"), dict) \
+        and all(isinstance(k, str) and type(v) is int for k, v in reply["allocated"].items())
+    if not ok:
+        raise LabCheckFailed(f"the profile of your step came back malformed ({str(reply)[:200]})")
+    return reply
 
 
 @pytest.fixture(scope="module")
-def profiles(step, device, seed):
+def profiles(learner, step, device, seed):
     """The learner's step, and the floor: forward, backward and optimizer step alone, on the same model."""
-    model, optimizer, batches = _setup(PROFILE_CONFIG, device, seed, count=2)
-    metrics = {}
-    step(model, optimizer, *batches[0], metrics)  # warm-up: Adam's states are created on the first step
-    mine = _profile(lambda: step(model, optimizer, *batches[1], metrics), device)
-
-    def bare():
-        model(*batches[1])[1].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    floor = _profile(bare, device)
+    model, _, batches = _setup(PROFILE_CONFIG, device, seed, count=2)
+    steps = _steps_in_worker(learner, step, PROFILE_CONFIG, model, device)
+    steps.step(*batches[0])  # warm-up: Adam's states are created on the first step
+    mine = _profile_numbers(steps.profile(*batches[1]))
+    floor = _profile_numbers(steps.profile(*batches[1], bare=True))
     grad_bytes = sum(p.nbytes for p in model.parameters())
     return mine, floor, grad_bytes
-
-
 @pytest.mark.check("profile-no-sync")
 def test_no_sync(profiles, record):
     mine, floor, _ = profiles
@@ -109,25 +115,24 @@ def test_no_copy(profiles, record):
 
 
 @pytest.mark.check("step-faster")
-def test_step_faster(step, seed, record, lab_check):
+def test_step_faster(learner, step, seed, record, lab_check):
     # a model whose device time per step a little exceeds the host's launch time: a step that makes the host
     # wait for the device then exposes all the launch work after the wait (clipping, the optimizer)
     cfg, steps_per_call = GPTConfig(d_model=384, n_head=6, n_layer=4, seq_len=128), 8
+    make_args = WorkerObject("infracourse.grading.inputs:gpt_batches", (dataclasses.asdict(cfg), 16, steps_per_call),
+                             {"seed": seed, "device": "cuda"})
 
-    def time_step(train_step):
-        model, optimizer, _ = _setup(cfg, "cuda", seed, count=0)
-        metrics = {}
+    def check(ran, args):
+        if ran != len(args[0]):
+            raise LabCheckFailed(f"a timed call of {len(args[0])} steps counted {ran} in metrics['steps']")
 
-        def make_args():
-            return ([synthetic_batch(cfg, 16, seed=seed + i, device="cuda") for i in range(steps_per_call)],)
+    def time_step(train_step, label):
+        model = GPT(cfg)
+        steps = _steps_in_worker(learner, train_step, cfg, model, "cuda")
+        # the worker times with events; the judge clocks a batch of calls itself (grading.perf)
+        return perf.timed(steps.steps, make_args, check=check, label=label).seconds
 
-        def run(batches):
-            for inputs, targets in batches:
-                train_step(model, optimizer, inputs, targets, metrics)
-
-        return bench.measure(run, make_args=make_args, warmup=3, budget_s=2.0).seconds
-
-    provided, yours = time_step(slow_train_step), time_step(step)
+    provided, yours = time_step(None, "the provided step"), time_step(step, "your step")
     record("provided step", provided / steps_per_call, unit="s")
     record("your step", yours / steps_per_call, target=lab_check.threshold * provided / steps_per_call, unit="s")
     if yours > lab_check.threshold * provided:

@@ -1,0 +1,67 @@
+"""A learner's week-6 train_step driven inside the grading worker, on a model and optimiser built there.
+
+train_step(model, optimizer, inputs, targets, metrics) works on live objects, which cannot cross to the judge,
+so the judge builds a `TrainSteps` in the worker (`Worker.build(WorkerObject(...))`) from the kit's config and
+its own model's weights, feeds it batches, and reads back plain results: the weights after the steps, the
+metrics, and what torch.profiler saw in one step. Everything it reports is evidence from a process learner
+code ran in: the judge compares weights and metrics with the provided step it runs itself.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from infracourse.kit.gpt import GPT, GPTConfig
+from infracourse.kit.train import slow_train_step
+
+SYNC_OP = "aten::_local_scalar_dense"  # what .item(), float(t) and bool(t) run: the host waits for the value
+
+
+class TrainSteps:
+    """A kit GPT with the judge's weights and an AdamW, stepped by `train_step` (None: the provided step)."""
+
+    def __init__(self, train_step: Callable | None, cfg: GPTConfig, weights: dict, device: str = "cpu",
+                 lr: float = 1e-3):
+        self.step_fn = train_step or slow_train_step
+        self.model = GPT(cfg).to(device)
+        self.model.load_state_dict(weights)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.metrics: dict = {}
+
+    def step(self, inputs, targets) -> None:
+        self.step_fn(self.model, self.optimizer, inputs, targets, self.metrics)
+
+    def steps(self, batches) -> int:
+        """Run one step per (inputs, targets) of `batches`; returns how many steps the metrics counted."""
+        before = self.metrics.get("steps", 0)
+        for inputs, targets in batches:
+            self.step(inputs, targets)
+        return int(self.metrics.get("steps", 0)) - int(before)
+
+    def state(self) -> dict:
+        """The weights after the steps, and the metrics with any tensor read as a float."""
+        metrics = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in self.metrics.items()
+                   if isinstance(k, str)}
+        return {"weights": {k: v.detach().cpu() for k, v in self.model.named_parameters()}, "metrics": metrics}
+
+    def profile(self, inputs, targets, bare: bool = False) -> dict:
+        """One step under torch.profiler: calls of the sync op, and bytes each op allocated (self, CPU plus
+        device). `bare`: forward, backward and optimizer.step() alone, the floor a step is held against."""
+        from torch.profiler import ProfilerActivity, profile
+
+        device = next(self.model.parameters()).device.type
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities, profile_memory=True) as prof:
+            if bare:
+                self.model(inputs, targets)[1].backward()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.step(inputs, targets)
+        allocated, syncs = {}, 0
+        for event in prof.events():
+            syncs += event.name == SYNC_OP
+            grown = max(event.self_cpu_memory_usage, 0) + max(getattr(event, "self_device_memory_usage", 0), 0)
+            allocated[event.name] = allocated.get(event.name, 0) + grown
+        return {"syncs": syncs, "allocated": allocated}
