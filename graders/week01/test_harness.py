@@ -1,5 +1,10 @@
 """Week 1 harness: workloads of known behaviour show whether warm-up, timing scope, synchronisation and
-the statistics are right. Each workload records how long every call really took (infracourse.kit.workloads)."""
+the statistics are right. Each workload records how long every call really took (infracourse.kit.workloads).
+
+The learner's harness runs in the grading worker; the CPU workloads stay here in the grader and are called
+back from there, so their truth is measured by the grader, and every call the harness times includes one
+callback round trip: a sample may exceed its call by `slack` (conftest). The GPU workload must run in the
+worker, whose synchronize has to wait for it; its length is measured here, by the grader, on the same GPU."""
 import itertools
 import statistics
 import time
@@ -9,17 +14,18 @@ import pytest
 import torch
 
 from infracourse import bench
+from infracourse.grading.remote import WorkerObject
 from infracourse.guard import LabCheckFailed
-from infracourse.kit.workloads import Jittery, SlowStart, Steady, ThreadQueue
+from infracourse.kit.workloads import CudaSleep, Jittery, SlowStart, Steady, ThreadQueue
 
-OVERHEAD_S = 1e-3  # what a harness may add to a call (clock reads, a no-op sync, Python) on a busy machine
-
-
-def no_sync():
-    pass
+OVERHEAD_S = 1e-3  # what a harness may add to a GPU call (clock reads, the sync, Python); no round trip there
 
 
-def _timed(harness, fn, *, warmup, reps, sync=no_sync, make_args=None):
+# Built in the worker: a sync that waits for nothing adds no round trip to the grader inside the timed region.
+NO_SYNC = WorkerObject("infracourse.kit.workloads:NoWait")
+
+
+def _timed(harness, fn, *, warmup, reps, sync=NO_SYNC, make_args=None):
     kwargs = {"warmup": warmup, "reps": reps}
     if sync is not None:
         kwargs["sync"] = sync
@@ -33,39 +39,49 @@ def _timed(harness, fn, *, warmup, reps, sync=no_sync, make_args=None):
     return list(samples)
 
 
-def _require_faithful(samples, truth, what):
-    """Each sample covers its own call: never shorter than the call, at most OVERHEAD_S longer."""
+def _require_faithful(samples, truth, what, slack):
+    """Each sample covers its own call: never shorter than the call (the call runs inside the learner's clock
+    interval, so this holds exactly), and in the median at most `slack` longer (a round trip to the grader
+    is in every sample, and a loaded machine delays single calls: no single sample is held to it)."""
     for i, (got, real) in enumerate(zip(samples, truth)):
-        if got < real - 50e-6 or got > real + OVERHEAD_S:
+        if got < real - 50e-6:
             raise LabCheckFailed(f"{what}: timed call {i} took {real * 1e3:.3f} ms (measured inside the workload) but "
                                  f"your sample says {got * 1e3:.3f} ms. Start the clock right before the call and "
                                  "stop it right after the work is done.")
+    excess = statistics.median(got - real for got, real in zip(samples, truth))
+    if excess > slack:
+        raise LabCheckFailed(f"{what}: your samples exceed the calls they time by {excess * 1e3:.3f} ms in the median "
+                             f"({slack * 1e3:.3f} ms allowed here). Start the clock right before the call and stop it "
+                             "right after the work is done.")
 
 
 @pytest.mark.check("warmup")
-def test_warmup_excluded(harness, record):
-    workload = SlowStart(0.002, slow_calls=3, slow_s=0.03)
+def test_warmup_excluded(harness, slack, record):
+    workload = SlowStart(0.002, slow_calls=3, slow_s=0.06)  # 30 ms of margin for a delayed round trip
     samples = _timed(harness, workload, warmup=5, reps=12)
     worst = max(samples)
     record("slowest timed call", worst * 1e3, target=workload.slow_s * 1e3 / 2, unit="ms")
     if worst > workload.slow_s / 2:
         raise LabCheckFailed(
-            f"a workload whose first 3 calls take 30 ms and later calls 2 ms was timed with warmup=5, but your "
+            f"a workload whose first 3 calls take 60 ms and later calls 2 ms was timed with warmup=5, but your "
             f"samples include a {worst * 1e3:.1f} ms call: the warm-up calls were timed. Run `warmup` calls first "
             "(compilation, caches and allocators settle there) and record only the `reps` calls after them.")
     if len(workload.durations) < 5 + 12:
         raise LabCheckFailed(f"time_calls(warmup=5, reps=12) called the workload {len(workload.durations)} times: "
                              "it must make the 5 warm-up calls and then 12 timed ones")
-    _require_faithful(samples, workload.durations[-12:], "steady calls after warm-up")
+    _require_faithful(samples, workload.durations[-12:], "steady calls after warm-up", slack)
+
+
+PREPARE_S = 0.03  # make_args' cost: half of it is the margin for a delayed round trip
 
 
 @pytest.mark.check("timing-scope")
-def test_timing_scope(harness, record):
+def test_timing_scope(harness, slack, record):
     workload, given = Steady(0.002), []
     tokens = itertools.count()
 
     def make_args():  # slow input preparation, like generating a large random tensor
-        time.sleep(0.01)
+        time.sleep(PREPARE_S)
         return (next(tokens),)
 
     def fn(token):
@@ -74,20 +90,20 @@ def test_timing_scope(harness, record):
 
     samples = _timed(harness, fn, warmup=2, reps=10, make_args=make_args)
     record("median sample", statistics.median(samples) * 1e3, target=2.0, unit="ms")
-    if statistics.median(samples) > 0.006:
+    if statistics.median(samples) > 0.002 + PREPARE_S / 2:
         raise LabCheckFailed(
-            f"fn takes 2 ms and make_args 10 ms, and your median sample is {statistics.median(samples) * 1e3:.1f} ms: "
+            f"fn takes 2 ms and make_args {PREPARE_S * 1e3:.0f} ms, and your median sample is {statistics.median(samples) * 1e3:.1f} ms: "
             "preparing the inputs was timed too. Call make_args() before starting the clock: the timed region is the "
             "call, not its set-up.")
     if len(set(given)) != len(given):
         raise LabCheckFailed("fn received the same arguments twice: call make_args() for every call (warm-up included), "
                              "so no call can reuse a cached result for old inputs")
-    _require_faithful(samples, workload.durations[-10:], "fn with slow make_args")
+    _require_faithful(samples, workload.durations[-10:], "fn with slow make_args", slack)
 
 
 @pytest.mark.check("sync-thread")
-def test_sync_asynchronous_work(harness, record):
-    workload = ThreadQueue(0.01)
+def test_sync_asynchronous_work(harness, slack, record):
+    workload = ThreadQueue(0.03)  # the queue and its wait() run here: each pays a round trip from the worker
     samples = _timed(harness, workload, warmup=2, reps=8, sync=workload.wait)
     median, job = statistics.median(samples), statistics.median(workload.durations)
     record("median sample", median * 1e3, target=job * 1e3, unit="ms")
@@ -96,7 +112,7 @@ def test_sync_asynchronous_work(harness, record):
             f"each call queues a {job * 1e3:.1f} ms job on a worker thread and returns at once; your harness measured "
             f"{median * 1e6:.0f} us, the time to queue it. Call sync() after fn and before reading the clock (here "
             "sync waits for the worker, on a GPU it is torch.cuda.synchronize()), and once before starting it.")
-    if median > job + OVERHEAD_S:
+    if median > job + 2 * slack:  # two round trips: the call and sync()
         raise LabCheckFailed(f"each job takes {job * 1e3:.1f} ms but your median is {median * 1e3:.1f} ms: earlier "
                              "jobs (warm-up) finished inside the timed region. Call sync() before starting the clock.")
 
@@ -104,12 +120,12 @@ def test_sync_asynchronous_work(harness, record):
 @pytest.mark.check("sync-cuda")
 def test_sync_cuda(harness, record):
     cycles = 10_000_000  # about 5 ms on a 2 GHz GPU; the reference time is measured below
-
-    def kernel():
-        torch.cuda._sleep(cycles)
-
-    reference = bench.measure(kernel, warmup=2, reps=10, flush_l2=False, device="cuda").seconds
-    samples = _timed(harness, kernel, warmup=2, reps=10, sync=None)  # the default sync must wait for the GPU
+    # Measured here, in the grader's own process on the same GPU: the worker's account is never the truth.
+    reference = bench.measure(CudaSleep(cycles), warmup=2, reps=10, flush_l2=False, device="cuda").seconds
+    # The kernel is launched in the worker, where the harness's default sync (torch.cuda.synchronize) must wait
+    # for it; a callback would launch it in this process, which the worker's sync cannot see.
+    kernel = WorkerObject("infracourse.kit.workloads:CudaSleep", (cycles,))
+    samples = _timed(harness, kernel, warmup=2, reps=10, sync=None)
     median = statistics.median(samples)
     record("median sample", median * 1e3, target=reference * 1e3, unit="ms")
     if median < 0.7 * reference:
@@ -123,7 +139,7 @@ def test_sync_cuda(harness, record):
 
 
 @pytest.mark.check("percentiles")
-def test_percentiles(harness, seed, record):
+def test_percentiles(harness, seed, slack, record):
     rng = np.random.default_rng(seed)
     for n in (2, 7, 20, 101):
         data = rng.lognormal(-6, 0.8, size=n).tolist()  # timing-like: positive, skewed
@@ -141,14 +157,11 @@ def test_percentiles(harness, seed, record):
 
     workload = Jittery(0.002, seed=seed)
     samples = _timed(harness, workload, warmup=3, reps=40)
-    _require_faithful(samples, workload.durations[-40:], "a jittery workload")
-    truth = workload.durations[-40:]
+    _require_faithful(samples, workload.durations[-40:], "a jittery workload", slack)
+    # The tail of the samples carries the round trips' own jitter, so the summary is held to the samples it
+    # summarises (exactly), and the samples to the calls they time (above).
     summary = harness.summarize(samples)
-    for key, q in (("p50", 50), ("p95", 95), ("p99", 99)):
-        want = float(np.percentile(truth, q))
-        if abs(summary[key] - want) > OVERHEAD_S:
-            raise LabCheckFailed(f"a jittery workload whose true {key} is {want * 1e3:.3f} ms: your summary says "
-                                 f"{summary[key] * 1e3:.3f} ms (seed {seed})")
+    _require_summary(summary, samples, f"summarize of a jittery workload's samples (seed {seed})", rel=1e-9)
     record("p99 of jittery calls", summary["p99"] * 1e3, unit="ms")
 
 

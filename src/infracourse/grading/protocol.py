@@ -33,6 +33,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path, PurePath
 from typing import Any, Callable
 
 MAX_MESSAGE_BYTES = 2 * 2**30       # a larger message from a worker is refused, not read
@@ -127,6 +128,7 @@ class Encoder:
     on_callable: Callable[[Any], Any] | None = None   # judge: a callable becomes a callback id
     on_object: Callable[[Any], Any] | None = None     # worker: anything else becomes a handle
     aliases: dict = field(default_factory=dict)       # (device, data_ptr) -> arg storage index (worker replies)
+    handle_of: Callable[[Any], Handle | None] | None = None  # judge: a proxy of a worker object goes back as it
 
     def encode(self, value: Any, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
@@ -147,9 +149,14 @@ class Encoder:
                     "kwargs": self.encode(dict(value.kwargs), depth + 1)}
         if isinstance(value, Handle):
             return {"handle": value.id}
+        if isinstance(value, PurePath):
+            return {"path": str(value)}
         encoded = self._encode_array(value)
         if encoded is not None:
             return encoded
+        handle = self.handle_of(value) if self.handle_of is not None else None
+        if handle is not None:  # a learner object handed back to the worker is that object, not a callback
+            return {"handle": handle.id}
         if callable(value) and self.on_callable is not None:
             return {"callback": self.on_callable(value)}
         if self.on_object is not None:
@@ -247,6 +254,8 @@ class Decoder:
             return int(body)
         if tag == "dtype":
             return _dtype(body)
+        if tag == "path" and isinstance(body, str) and len(body) < 4096:
+            return Path(body)
         if tag == "device" and isinstance(body, str):
             import torch
 

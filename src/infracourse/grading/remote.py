@@ -142,7 +142,7 @@ class Worker:
         with self.lock:
             self.start()
             key = next(self.ids)
-            encoder = Encoder(on_callable=self._register_callback)
+            encoder = Encoder(on_callable=self._register_callback, handle_of=self._handle_of)
             released, self.released = self.released, []
             header, blobs = protocol.encode_message({"id": key, "op": op, "release": released, **fields},
                                                     values or {}, encoder)
@@ -206,7 +206,7 @@ class Worker:
                 value, ok = fn(*args, **kwargs), True
             except Exception as exc:  # the judge's own function failed: tell the caller in the worker
                 value, ok = f"{type(exc).__name__}: {exc}", False
-            encoder = Encoder(on_callable=self._register_callback)
+            encoder = Encoder(on_callable=self._register_callback, handle_of=self._handle_of)
             out, out_blobs = protocol.encode_message({"cid": header.get("cid"), "ok": ok}, {"value": value}, encoder)
             try:
                 protocol.send(self.fd_out, out, out_blobs)
@@ -214,6 +214,9 @@ class Worker:
                 pass
 
         self.callback_pool.submit(run)
+
+    def _handle_of(self, value: Any) -> Handle | None:
+        return value._handle if isinstance(value, RemoteObject) and value._worker is self else None
 
     def _wrap_handle(self, node: dict) -> "RemoteObject":
         return RemoteObject(self, Handle(node["handle"], str(node.get("type", "object"))[:100],

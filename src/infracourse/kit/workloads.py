@@ -88,3 +88,46 @@ class ThreadQueue:
     def wait(self) -> None:
         """Block until every job queued so far has finished (the role of torch.cuda.synchronize)."""
         self._jobs.join()
+
+
+class CudaSleep:
+    """A GPU kernel that spins `cycles` clock cycles, launched asynchronously (torch.cuda._sleep).
+
+    Built inside the grading worker, so the learner's torch.cuda.synchronize waits for it; its true length
+    is measured separately by the grader, in its own process, on the same GPU (never reported from here).
+    """
+
+    def __init__(self, cycles: int):
+        self.cycles = int(cycles)
+
+    def __call__(self, *args) -> None:
+        import torch
+
+        torch.cuda._sleep(self.cycles)
+
+
+def call_repeatedly(fn, times: int) -> int:
+    """Call `fn()` `times` times (in the grading worker, `fn` being a grader's callback): the grader clocks
+    the whole request to learn what one callback round trip costs on this machine right now."""
+    for _ in range(times):
+        fn()
+    return times
+
+
+class NoWait:
+    """A sync for work that is finished when the call returns (on the CPU): waits for nothing."""
+
+    def __call__(self) -> None:
+        pass
+
+
+def loop_sums(n: int, times: int) -> int:
+    """Sum a list of n floats with a Python for-loop, `times` times (the week 1 handout's loop_sum). Run in the
+    grading worker and clocked by the grader at two values of `times`: the difference is the loop's own cost in
+    the interpreter that runs the learner's code, without the round trip or the list's construction."""
+    values = [float(i % 97) for i in range(n)]
+    for _ in range(times):
+        total = 0.0
+        for v in values:
+            total += v
+    return times
