@@ -1,25 +1,62 @@
-"""The `infracourse` command: each command parses, calls one function, and prints."""
+"""The `infracourse` command: each command parses, calls one function, and prints.
+
+Start-up is kept light (`status`, `hint`, `next`, `--help` answer in well under a second): torch, pydantic
+and the instructor's cohort tools are imported inside the commands that need them, never at import time.
+Every command runs under `_guarded`: a problem the learner can fix ends in one line on stderr and a non-zero
+exit, Ctrl-C in "interrupted" (exit 130), never in a traceback (INFRACOURSE_DEBUG=1 shows it).
+"""
 from __future__ import annotations
 
+import errno
+import functools
 import json
+import os
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
-from infracourse import views
-from infracourse.cohort.cli import cohort_app, release_command, submit_command
-from infracourse.course import Course
-from infracourse.grading.results import GradeResult
-from infracourse.progress import ProgressError
-from infracourse.syllabus import CourseFileError, json_schema
-from infracourse.workspace import Workspace, WorkspaceError
+from infracourse import __version__, views
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+def Course(*args, **kwargs):  # noqa: N802 - the course (and pydantic with it) is loaded on first use only
+    from infracourse.course import Course as _Course
+
+    return _Course(*args, **kwargs)
+
+
+class _Group(TyperGroup):
+    """The top-level group: the instructor's commands (submit, release, cohort) are imported when run, and
+    only listed (name and one line of help) otherwise: they pull in jinja2, zip and gradebook code."""
+
+    LAZY = {"submit": "Bundle a week's files with your last grade and this machine's facts, for your instructor.",
+            "release": "Write a learner copy of the course with no reference solution in it.",
+            "cohort": "For instructors: a gradebook of a cohort's submissions, regraded, exported, published."}
+    _listing = False
+
+    def list_commands(self, ctx):
+        return [*super().list_commands(ctx), *(n for n in self.LAZY if n not in self.commands)]
+
+    def get_command(self, ctx, name):
+        if name in self.LAZY and name not in self.commands:
+            if self._listing:
+                return TyperCommand(name=name, help=self.LAZY[name], callback=None)
+            self.commands.update(_instructor_commands())
+        return super().get_command(ctx, name)
+
+    def format_help(self, ctx, formatter):
+        self._listing = True
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+app = typer.Typer(cls=_Group, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="A self-paced AI-infrastructure course graded on your own hardware.")
 dev_app = typer.Typer(help="Tools for course authors.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
@@ -27,38 +64,116 @@ console = Console()
 err = Console(stderr=True)
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", help="Workspace folder (default: found from the current one).")
+WeekArg = typer.Argument(None, help="week07, 7 or w7 (default: the week folder you are in)", show_default=False)
+_global = {"workspace": None}  # `infracourse --workspace DIR <command>`: set by the callback on every run
+_PASS_THROUGH = (typer.Exit, typer.Abort, typer.TyperException,
+                 *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"))
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(code)
 
 
-def _context(workspace: Optional[Path]) -> tuple[Workspace, Course]:
-    try:
-        return Workspace.find(workspace), Course()
-    except (WorkspaceError, ProgressError, CourseFileError) as exc:
-        _fail(str(exc))
+def _os_problem(exc: OSError) -> str:
+    where = exc.filename or ""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "work in a copy on a writable disk" if exc.errno == errno.EROFS else f"fix with `chmod u+w {where}`"
+        return f"permission problem: {where}: {exc.strerror} ({fix})"
+    if exc.errno == errno.ENOSPC:
+        return f"the disk is full writing {where}: free some space and run the command again"
+    return f"{where}: {exc.strerror or exc}" if where else str(exc)
 
 
-def _week(course: Course, ref: str):
+def _guarded(command):
+    """One clear line and a non-zero exit for every failure; 'interrupted' (130) on Ctrl-C."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except _PASS_THROUGH:
+            raise
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            from infracourse.progress import ProgressError
+            from infracourse.syllabus import CourseFileError
+            from infracourse.workspace import WorkspaceError
+
+            if isinstance(exc, (WorkspaceError, ProgressError, CourseFileError)):
+                _fail(str(exc))
+            if isinstance(exc, KeyError):
+                _fail(str(exc.args[0] if exc.args else exc))
+            if isinstance(exc, OSError):
+                _fail(_os_problem(exc))
+            if os.environ.get("INFRACOURSE_DEBUG"):
+                raise
+            _fail(f"unexpected {type(exc).__name__}: {exc} (a bug in infracourse: please report it with the "
+                  "output of INFRACOURSE_DEBUG=1 and the same command)", code=3)
+    return run
+
+
+def _command(*args, **kwargs):
+    """`@app.command(...)`, guarded."""
+    return lambda fn: app.command(*args, **kwargs)(_guarded(fn))
+
+
+def _instructor_commands() -> dict:
+    from infracourse.cohort.cli import cohort_app, release_command, submit_command
+
+    holder = typer.Typer()
+    holder.command("submit")(_guarded(submit_command))
+    holder.command("release")(_guarded(release_command))
+    holder.add_typer(cohort_app, name="cohort")
+    return typer.main.get_group(holder).commands
+
+
+def _version(show: bool) -> None:
+    if show:
+        print(f"infracourse {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(workspace: Optional[Path] = WorkspaceOpt,
+             version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")):
+    """A self-paced AI-infrastructure course graded on your own hardware."""
+    _global["workspace"] = workspace
+
+
+def _context(workspace: Optional[Path]):
+    from infracourse.workspace import Workspace
+
+    ws = Workspace.find(workspace or _global["workspace"])
+    if ws.progress.notice:
+        err.print(f"[yellow]note:[/yellow] {escape(ws.progress.notice)}")
+    return ws, Course()
+
+
+def _week(course, ref: Optional[str], ws=None):
+    if ref is None:
+        ref = ws.week_here() if ws is not None else None
+        if ref is None:
+            _fail("which week? name it (e.g. `week07` or `7`), or run the command inside a week's folder")
     try:
         return course.week(ref)
-    except (KeyError, CourseFileError) as exc:
+    except KeyError as exc:
         _fail(str(exc).strip("'\""))
 
 
-@app.command()
+@_command()
 def init(folder: Path = typer.Argument(..., help="Folder for the workspace (created if missing).")):
     """Create a workspace: a config and a progress database under FOLDER/.infracourse/."""
-    try:
-        ws = Workspace.init(folder)
-    except (WorkspaceError, ProgressError) as exc:
-        _fail(str(exc))
-    console.print(f"Workspace ready at [bold]{ws.root}[/bold]. Next: cd {ws.root} && infracourse next")
+    from infracourse.workspace import Workspace
+
+    ws = Workspace.init(folder)
+    console.print(f"Workspace ready at [bold]{escape(str(ws.root))}[/bold]. "
+                  f"Next: cd {escape(str(ws.root))} && infracourse next")
 
 
-@app.command("next")
+@_command("next")
 def next_(workspace: Optional[Path] = WorkspaceOpt):
     """Unlock the next week in syllabus order."""
     ws, course = _context(workspace)
@@ -67,52 +182,45 @@ def next_(workspace: Optional[Path] = WorkspaceOpt):
         console.print("Every week is unlocked. `infracourse status` shows where you stand.")
         return
     if week.planned:
-        console.print(f"[yellow]{week.id} — {week.title}[/yellow] is [bold]planned[/bold]: its lab is not built yet.\n"
-                      f"Read its objectives with `infracourse syllabus {week.id}`; move past it with "
-                      f"`infracourse unlock {week.id}` (or unlock any later week directly).")
+        console.print(f"[yellow]{escape(week.id)} — {escape(week.title)}[/yellow] is [bold]planned[/bold]: its lab "
+                      f"is not built yet.\nRead its objectives with `infracourse syllabus {week.id}`; move past it "
+                      f"with `infracourse unlock {week.id}` (or unlock any later week directly).")
         raise typer.Exit(1)
-    _unlock(ws, course, week)
+    views.print_unlock(console, course, ws.unlock(course, week))
 
 
-@app.command()
+@_command()
 def unlock(week: str = typer.Argument(..., help="week07, 7 or w7"), workspace: Optional[Path] = WorkspaceOpt):
     """Open any week directly (planned weeks are recorded as skipped past)."""
     ws, course = _context(workspace)
-    _unlock(ws, course, _week(course, week))
+    views.print_unlock(console, course, ws.unlock(course, _week(course, week)))
 
 
-def _unlock(ws: Workspace, course: Course, week) -> None:
-    try:
-        report = ws.unlock(course, week)
-    except CourseFileError as exc:
-        _fail(str(exc))
-    views.print_unlock(console, course, report)
-
-
-@app.command()
+@_command()
 def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Option(False, "--json")):
-    """All 24 weeks: locked / unlocked / passed / verified on GPU, last grade, blocked checks."""
+    """Every week: locked / unlocked / passed / verified on GPU, last grade; overall progress and what next."""
     ws, course = _context(workspace)
-    from infracourse.hardware import detect
-
     rows = views.status_rows(ws, course)
-    hw = detect()
     if as_json:
-        print(json.dumps({"tier": hw.tier, "device": hw.device_name, "weeks": rows}, indent=1))
+        from infracourse.hardware import detect  # scripts get this machine's tier; the table does not need it
+
+        hw = detect()
+        print(json.dumps({"tier": hw.tier, "device": hw.device_name, "weeks": rows,
+                          "next": views.next_step(ws, course)}, indent=1))
         return
-    views.print_status(console, rows, hw)
+    views.print_status(console, rows, views.next_step(ws, course))
 
 
-@app.command()
-def grade(week: str = typer.Argument(..., help="week07, 7 or w7"), workspace: Optional[Path] = WorkspaceOpt,
+@_command()
+def grade(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt,
           as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
           no_record: bool = typer.Option(False, "--no-record", help="Do not store this grade.")):
     """Grade a week's lab on this machine. Exit code 0 exactly when the week is complete."""
     ws, course = _context(workspace)
-    w = _week(course, week)
+    w = _week(course, week, ws)
     result = _grade(ws, course, w, quiet=as_json)
     if not no_record:
-        ws.progress.record(result)
+        _record(ws, result)
     plots = views.write_plots(ws.week_dir(w), result)
     if as_json:
         print(json.dumps(result.as_dict(), indent=1))
@@ -121,7 +229,14 @@ def grade(week: str = typer.Argument(..., help="week07, 7 or w7"), workspace: Op
     raise typer.Exit(0 if result.complete else 1)
 
 
-def _grade(ws: Workspace, course: Course, week, quiet: bool = False) -> GradeResult:
+def _record(ws, result) -> None:
+    ws.progress.record(result)
+    ws.save_result(result)
+
+
+def _grade(ws, course, week, quiet: bool = False):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from infracourse.grading.runner import grade as run_grade
 
     if week.planned:
@@ -129,85 +244,80 @@ def _grade(ws: Workspace, course: Course, week, quiet: bool = False) -> GradeRes
     folder = ws.week_dir(week)
     if not folder.is_dir():
         _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {week.id}`")
-    try:
-        lab = course.lab(week)
-    except CourseFileError as exc:
-        _fail(str(exc))
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    lab = course.lab(week)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
         task = bar.add_task(f"grading {week.id}", total=len(lab.spec.checks))
 
         def on_event(event: dict) -> None:
             if event["event"] == "start":
-                bar.update(task, description=f"{week.id}: {event['check']}")
+                bar.update(task, description=escape(f"{week.id}: {event['check']}"))
             else:
                 bar.advance(task)
 
         return run_grade(course, week.id, folder, on_event=on_event)
 
 
-@app.command()
-def hint(week: str = typer.Argument(...), workspace: Optional[Path] = WorkspaceOpt):
+@_command()
+def hint(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
     """Reveal one more hint for a week (they build on each other)."""
     ws, course = _context(workspace)
-    w = _week(course, week)
-    try:
-        hints = course.lab(w).spec.hints
-    except CourseFileError as exc:
-        _fail(str(exc))
+    w = _week(course, week, ws)
+    hints = course.lab(w).spec.hints
+    if not hints:
+        _fail(f"{w.id} has no hints")
     shown = ws.progress.next_hint_index(w.id, len(hints))
-    for i, text in enumerate(hints[:shown], 1):
-        console.print(f"[bold]Hint {i}/{len(hints)}:[/bold] {text}")
-    if shown == len(hints):
-        console.print("[dim]That was the last hint.[/dim]")
+    views.print_hints(console, hints[:shown], len(hints))
 
 
-@app.command()
-def reset(week: str = typer.Argument(...), workspace: Optional[Path] = WorkspaceOpt):
+@_command()
+def reset(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
     """Restore a week's starter files, keeping a timestamped backup of yours."""
     ws, course = _context(workspace)
-    w = _week(course, week)
-    try:
-        backup = ws.reset(course, w)
-    except CourseFileError as exc:
-        _fail(str(exc))
-    console.print(f"{w.id} restored to its starter files." +
-                  (f" Your versions are in {backup}." if backup else " (Nothing of yours differed.)"))
+    w = _week(course, week, ws)
+    backup = ws.reset(course, w)
+    console.print(escape(f"{w.id} restored to its starter files." +
+                         (f" Your versions are in {backup}." if backup else " (Nothing of yours differed.)")))
 
 
-@app.command()
-def watch(week: str = typer.Argument(...), workspace: Optional[Path] = WorkspaceOpt,
-          interval: float = typer.Option(1.0, help="Seconds between looks at the files.")):
+@_command()
+def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt,
+          interval: float = typer.Option(0.5, help="Seconds between looks at the files.")):
     """Regrade whenever a file in the week's folder is saved (Ctrl-C to stop)."""
+    from infracourse.watch import watch_loop
+
     ws, course = _context(workspace)
-    w = _week(course, week)
+    w = _week(course, week, ws)
     folder = ws.week_dir(w)
-    seen = None
+    if not folder.is_dir():
+        _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {w.id}`")
+
+    def grade_once():
+        result = _grade(ws, course, w)
+        _record(ws, result)
+        return result
+
+    def show(result) -> None:
+        console.clear()
+        views.print_watch(console, result, views.next_step(ws, course) if result.complete else None)
+        console.print(f"[dim]watching {escape(str(folder))} — save a file to regrade, Ctrl-C to stop[/dim]")
+
     try:
-        while True:
-            stamp = views.folder_stamp(folder)
-            if stamp != seen:
-                seen = stamp
-                result = _grade(ws, course, w)
-                ws.progress.record(result)
-                views.print_grade(console, result, views.write_plots(folder, result))
-                console.print(f"[dim]watching {folder} — save a file to regrade, Ctrl-C to stop[/dim]")
-                seen = views.folder_stamp(folder)
-            time.sleep(interval)
+        watch_loop(folder, grade_once, show, interval=interval)
     except KeyboardInterrupt:
         console.print("stopped watching")
 
 
-@app.command()
-def report(week: str = typer.Argument(...), workspace: Optional[Path] = WorkspaceOpt):
+@_command()
+def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
     """Write this machine's environment into the week's report.md."""
     from infracourse.grading.report import stamp_environment
     from infracourse.guard import LabCheckFailed
     from infracourse.hardware import detect
 
     ws, course = _context(workspace)
-    w = _week(course, week)
+    w = _week(course, week, ws)
     spec = course.lab(w).spec
     if not spec.report:
         _fail(f"{w.id} asks for no report")
@@ -218,7 +328,7 @@ def report(week: str = typer.Argument(...), workspace: Optional[Path] = Workspac
         stamp_environment(path, detect())
     except LabCheckFailed as exc:
         _fail(str(exc))
-    console.print(f"Environment written into {path}")
+    console.print(escape(f"Environment written into {path}"))
 
 
 @app.command()
@@ -237,43 +347,45 @@ def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure th
     else:
         ceilings = cached_ceilings(hw) if hw.gpu_count else None
     blocked = views.blocked_checks(Course(), hw)
+    from infracourse import sandbox
+
+    confined = sandbox.status()
     if as_json:
         print(json.dumps({"hardware": hw.as_dict(), "ceilings": ceilings and ceilings.__dict__,
-                          "blocked": blocked}, indent=1))
+                          "blocked": blocked, "sandbox": {"available": confined.available,
+                                                          "describe": confined.describe()}}, indent=1))
         return
     views.print_doctor(console, hw, ceilings, blocked)
+    console.print(f"sandbox for learner code: {escape(confined.describe())}" if confined.available else
+                  f"[yellow]sandbox for learner code: {escape(confined.describe())}[/yellow] — your own grades "
+                  "still work (unsandboxed); `cohort regrade` needs --allow-unsandboxed here")
 
 
-@app.command()
+@_command()
 def syllabus(week: Optional[str] = typer.Argument(None), schema: bool = typer.Option(False, "--schema")):
     """The course's weeks (or one week in full); --schema prints the JSON Schema of the course files."""
     if schema:
+        from infracourse.syllabus import json_schema
+
         print(json.dumps(json_schema(), indent=1))
         return
-    try:
-        course = Course()
-        weeks = [course.week(week)] if week else course.syllabus.weeks
-    except (KeyError, CourseFileError) as exc:
-        _fail(str(exc).strip("'\""))
+    course = Course()
+    weeks = [_week(course, week)] if week else course.syllabus.weeks
     views.print_syllabus(console, weeks, detail=week is not None)
 
 
 @dev_app.command("check")
+@_guarded
 def dev_check(week: Optional[str] = typer.Argument(None, help="One week (default: every built lab).")):
     """For course authors: hints exist, no stray files, starter fails, solution passes."""
     from infracourse.dev import check_course
 
-    problems = check_course(Course(), week, log=lambda m: err.print(f"[dim]{m}[/dim]"))
+    problems = check_course(Course(), week, log=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
     for problem in problems:
-        console.print(f"[red]✗[/red] {problem}")
+        console.print(f"[red]✗[/red] {escape(problem)}")
     if problems:
         raise typer.Exit(1)
     console.print("[green]course OK[/green]")
-
-
-app.command("submit")(submit_command)
-app.command("release")(release_command)
-app.add_typer(cohort_app, name="cohort")
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -1,16 +1,24 @@
-"""What the CLI shows: tables and summaries built from course, workspace and grade data."""
+"""What the CLI shows: tables and summaries built from course, workspace and grade data.
+
+Every piece of text that is not this module's own (messages, hints, titles, paths, ids) goes through
+`escape` before rich renders it: a learner's `[/i]` or `[bold]` is shown as typed, never read as markup.
+Course types are imported for annotations only, so that importing this module stays cheap.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from infracourse.course import Course
-from infracourse.grading.results import GradeResult
-from infracourse.hardware import Ceilings, Hardware
-from infracourse.syllabus import Week
-from infracourse.workspace import UnlockReport, Workspace
+if TYPE_CHECKING:
+    from infracourse.course import Course
+    from infracourse.grading.results import GradeResult
+    from infracourse.hardware import Ceilings, Hardware
+    from infracourse.syllabus import Week
+    from infracourse.workspace import UnlockReport, Workspace
 
 STATUS_STYLE = {"passed": "green", "failed": "red", "error": "magenta", "blocked": "yellow"}
 
@@ -19,19 +27,19 @@ def print_unlock(console: Console, course: Course, report: UnlockReport) -> None
     week = report.week
     state = "unlocked" if report.newly_unlocked else "already unlocked"
     if week.planned:
-        console.print(f"{week.id} — {week.title}: {state}. Its lab is [bold]planned[/bold] (not built yet), so "
+        console.print(f"{escape(week.id)} — {escape(week.title)}: {state}. Its lab is [bold]planned[/bold] (not built yet), so "
                       "there are no files; `infracourse next` now moves past it.")
         return
-    console.print(f"[bold]{week.id} — {week.title}[/bold] {state} in {report.folder}")
+    console.print(f"[bold]{escape(week.id)} — {escape(week.title)}[/bold] {state} in {escape(str(report.folder))}")
     if report.copied:
-        console.print("  copied: " + ", ".join(report.copied))
+        console.print("  copied: " + escape(", ".join(report.copied)))
     if report.kept:
-        console.print("  [yellow]kept your changed files:[/yellow] " + ", ".join(report.kept) +
-                      f" (`infracourse reset {week.id}` restores the starter, backing yours up)")
+        console.print("  [yellow]kept your changed files:[/yellow] " + escape(", ".join(report.kept)) +
+                      escape(f" (`infracourse reset {week.id}` restores the starter, backing yours up)"))
     lab = course.lab(week).spec
-    console.print("  read: " + ", ".join(lab.read))
-    console.print("  edit: " + ", ".join(lab.files))
-    console.print(f"  then: infracourse grade {week.id}   (stuck? infracourse hint {week.id})")
+    console.print("  read: " + escape(", ".join(lab.read)))
+    console.print("  edit: " + escape(", ".join(lab.files)))
+    console.print(escape(f"  then: infracourse grade {week.id}   (stuck? infracourse hint {week.id})"))
 
 
 def status_rows(ws: Workspace, course: Course) -> list[dict]:
@@ -59,18 +67,44 @@ def status_rows(ws: Workspace, course: Course) -> list[dict]:
     return rows
 
 
-def print_status(console: Console, rows: list[dict], hw: Hardware) -> None:
-    table = Table(title=f"infracourse — this machine: tier {hw.tier}, {hw.device_name}")
+def next_step(ws: Workspace, course: Course) -> str:
+    """The one command to run next: keep working on the first unlocked week not yet passed, else unlock one."""
+    summary = ws.progress.weeks_summary()
+    unlocked = ws.progress.unlocked()
+    for week in course.syllabus.weeks:
+        if week.id in unlocked and not week.planned and not summary.get(week.id, {}).get("passed"):
+            return f"infracourse watch {week.id}   ({week.title}; stuck? infracourse hint {week.id})"
+    week = ws.next_week(course)
+    if week is None:
+        return "every week is unlocked and passed: `infracourse submit WEEK` sends one to your instructor"
+    return f"infracourse next   (unlocks {week.id}: {week.title})"
+
+
+def progress_bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * done / total) if total else 0
+    return "█" * filled + "░" * (width - filled)
+
+
+def print_status(console: Console, rows: list[dict], next_command: str) -> None:
+    """The weeks table, one line of overall progress, and the next step. No hardware probe here (it would
+    import torch): each grade's own tier and device are in its row."""
+    table = Table(title="infracourse — your progress")
     for column in ("week", "title", "state", "last grade", "blocked"):
         table.add_column(column)
     colour = {"verified-on-GPU": "bold green", "passed": "green", "unlocked": "cyan", "locked": "dim"}
     for row in rows:
         last = row["last_grade"]
-        title = row["title"] + (" [dim](planned)[/dim]" if row["lab"] == "planned" else "")
-        table.add_row(row["week"], title, f"[{colour[row['state']]}]{row['state']}[/]",
-                      f"{last['passed']}/{last['checks']} passed on {last['tier']}, {last['at']}" if last else "",
-                      str(last["blocked"]) if last and last["blocked"] else "")
+        title = escape(row["title"]) + (" [dim](planned)[/dim]" if row["lab"] == "planned" else "")
+        table.add_row(escape(row["week"]), title, f"[{colour[row['state']]}]{row['state']}[/]",
+                      escape(f"{last['passed']}/{last['checks']} passed on {last['tier']}, {last['at']}") if last
+                      else "", str(last["blocked"]) if last and last["blocked"] else "")
     console.print(table)
+    built = [r for r in rows if r["lab"] != "planned"]
+    passed = sum(r["state"] in ("passed", "verified-on-GPU") for r in built)
+    verified = sum(r["state"] == "verified-on-GPU" for r in built)
+    console.print(f"{progress_bar(passed, len(built))} {passed}/{len(built)} built weeks passed, "
+                  f"{verified} verified on GPU")
+    console.print(f"next: {escape(next_command)}")
 
 
 def _figure(check) -> tuple[str, str]:
@@ -83,23 +117,61 @@ def _figure(check) -> tuple[str, str]:
 
 
 def print_grade(console: Console, result: GradeResult, plots: list[Path] = ()) -> None:
-    table = Table(title=f"{result.week} on {result.device} (tier {result.tier}) — {result.seconds:.1f} s")
+    table = Table(title=escape(f"{result.week} on {result.device} (tier {result.tier}) — {result.seconds:.1f} s"))
     for column in ("check", "status", "measured", "target", "message"):
         table.add_column(column, overflow="fold")
     for check in result.checks:
         measured, target = _figure(check)
-        table.add_row(check.id, f"[{STATUS_STYLE[check.status]}]{check.status}[/]", measured, target, check.message)
+        table.add_row(escape(check.id), f"[{STATUS_STYLE[check.status]}]{check.status}[/]", escape(measured),
+                      escape(target), escape(check.message))
     console.print(table)
     counts = ", ".join(f"{result.count(s)} {s}" for s in STATUS_STYLE if result.count(s))
     if result.complete:
         extra = " and verified on GPU" if result.verified_on_gpu else \
             (f"; {result.count('blocked')} check(s) need hardware this machine lacks" if result.count("blocked") else "")
-        console.print(f"[bold green]{result.week} complete[/bold green]{extra} ({counts}).")
+        console.print(f"[bold green]{escape(result.week)} complete[/bold green]{escape(extra)} ({counts}).")
     else:
-        console.print(f"[bold red]{result.week} not complete[/bold red] ({counts}). "
-                      f"Read the messages above; `infracourse hint {result.week}` helps.")
+        console.print(f"[bold red]{escape(result.week)} not complete[/bold red] ({counts}). "
+                      f"Read the messages above; `infracourse hint {escape(result.week)}` helps.")
+    if not result.sandboxed:
+        console.print(f"[yellow]{UNSANDBOXED}[/yellow]")
     for plot in plots:
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {escape(str(plot))}")
+
+
+UNSANDBOXED = ("ran unsandboxed: no sandbox works on this machine (see `infracourse doctor`), so your code ran "
+               "with your own rights; fine for your own grade, but an instructor's regrade runs it sandboxed")
+
+
+def summary_line(result: GradeResult) -> str:
+    counts = ", ".join(f"{result.count(s)} {s}" for s in STATUS_STYLE if result.count(s))
+    verdict = "complete" if result.complete else "not complete"
+    return f"{result.week} {verdict}: {counts} — {result.seconds:.1f} s on {result.device}" + \
+        ("" if result.sandboxed else " (ran unsandboxed)")
+
+
+def print_watch(console: Console, result: GradeResult, next_command: str | None) -> None:
+    """What `watch` shows after each grade: one summary line, then only what needs work, then what next."""
+    style = "bold green" if result.complete else "bold red"
+    console.print(f"[{style}]{escape(summary_line(result))}[/{style}]")
+    for check in result.checks:
+        if check.status in ("failed", "error"):
+            console.print(f"[{STATUS_STYLE[check.status]}]✗ {escape(check.id)}[/] ({check.status}): "
+                          f"{escape(check.message)}")
+    blocked = [c.id for c in result.checks if c.status == "blocked"]
+    if blocked:
+        console.print(f"[yellow]blocked here[/yellow] (need other hardware): {escape(', '.join(blocked))}")
+    if result.complete and next_command:
+        console.print(f"[bold]next:[/bold] {escape(next_command)}")
+    elif not result.complete:
+        console.print(escape(f"stuck? infracourse hint {result.week}"))
+
+
+def print_hints(console: Console, hints: list[str], total: int) -> None:
+    for i, text in enumerate(hints, 1):
+        console.print(f"[bold]Hint {i}/{total}:[/bold] {escape(text)}")
+    if len(hints) == total:
+        console.print("[dim]That was the last hint.[/dim]")
 
 
 def write_plots(folder: Path, result: GradeResult) -> list[Path]:
@@ -115,10 +187,6 @@ def write_plots(folder: Path, result: GradeResult) -> list[Path]:
     return write_kernel_plots(result.as_dict(), ceilings, folder / ".grade")
 
 
-def folder_stamp(folder: Path) -> tuple:
-    """A value that changes whenever a file in the folder is saved."""
-    return tuple(sorted((str(p), p.stat().st_mtime_ns) for p in folder.rglob("*")
-                        if p.is_file() and ".grade" not in p.parts and ".backup-" not in str(p)))
 
 
 def blocked_checks(course: Course, hw: Hardware) -> dict[str, list[str]]:
@@ -134,7 +202,7 @@ def blocked_checks(course: Course, hw: Hardware) -> dict[str, list[str]]:
 def print_doctor(console: Console, hw: Hardware, ceilings: Ceilings | None, blocked: dict[str, list[str]]) -> None:
     table = Table(title="infracourse doctor", show_header=False)
     for key, value in hw.as_dict().items():
-        table.add_row(key, str(value))
+        table.add_row(escape(key), escape(str(value)))
     console.print(table)
     if ceilings:
         rates = ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in ceilings.matmul_tflops.items())
@@ -146,7 +214,7 @@ def print_doctor(console: Console, hw: Hardware, ceilings: Ceilings | None, bloc
     if total:
         console.print(f"[yellow]{total} check(s) will be blocked here[/yellow] (they need hardware this machine lacks):")
         for week, checks in blocked.items():
-            console.print(f"  {week}: " + "; ".join(checks))
+            console.print(escape(f"  {week}: " + "; ".join(checks)))
     else:
         console.print("[green]every built check can run on this machine[/green]")
 
@@ -157,16 +225,17 @@ def print_syllabus(console: Console, weeks: list[Week], detail: bool) -> None:
         for column in ("week", "phase", "title", "hours", "lab"):
             table.add_column(column)
         for w in weeks:
-            table.add_row(w.id, w.phase, w.title, f"{w.hours:g}", w.lab)
+            table.add_row(*(escape(x) for x in (w.id, w.phase, w.title, f"{w.hours:g}", w.lab)))
         console.print(table)
         return
     w = weeks[0]
-    console.print(f"[bold]{w.id} — {w.title}[/bold]  ({w.phase}; about {w.hours:g} h; lab: {w.lab})")
-    console.print("Objectives:\n" + "\n".join(f"  • {o}" for o in w.objectives))
+    console.print(f"[bold]{escape(w.id)} — {escape(w.title)}[/bold]  "
+                  + escape(f"({w.phase}; about {w.hours:g} h; lab: {w.lab})"))
+    console.print("Objectives:\n" + "\n".join(f"  • {escape(o)}" for o in w.objectives))
     if w.readings:
-        console.print("Readings:\n" + "\n".join(f"  • {r.title} — {r.url}" for r in w.readings))
+        console.print("Readings:\n" + "\n".join(f"  • {escape(r.title)} — {escape(r.url)}" for r in w.readings))
     if w.acceptance:
         console.print("Acceptance:\n" + "\n".join(
-            f"  • {a.text}" + (f" [dim](checks: {', '.join(a.checks)})[/dim]" if a.checks else "")
+            f"  • {escape(a.text)}" + (f" [dim](checks: {escape(', '.join(a.checks))})[/dim]" if a.checks else "")
             for a in w.acceptance))
 

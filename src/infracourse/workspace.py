@@ -1,13 +1,16 @@
 """The learner's workspace: where it is, unlocking weeks (copying starters), and resetting them.
 
-Layout: `<root>/.infracourse/config.yaml` and `progress.db`; each unlocked week in `<root>/weekNN/`.
+Layout: `<root>/.infracourse/config.yaml` and `progress.db` (+ its backup `progress.db.bak`); each unlocked week
+in `<root>/weekNN/`, whose `.grade/` holds what the tool generated (`result.json`: the last grade, plots).
 Commands find the workspace like git finds a repository: `--workspace`, then INFRACOURSE_WORKSPACE, then the
 current folder and its parents.
 """
 from __future__ import annotations
 
 import filecmp
+import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -17,11 +20,14 @@ import yaml
 
 from infracourse import __version__
 from infracourse.course import Course, LabDir
+from infracourse.grading.results import GradeResult
 from infracourse.progress import Progress
 from infracourse.syllabus import Week
 
 MARKER = ".infracourse"
 HANDOUT = "README.md"
+GENERATED = ".grade"  # per week: files the tool writes (last result, plots); never the learner's work
+WEEK_FOLDER = re.compile(r"week\d\d")
 
 
 class WorkspaceError(Exception):
@@ -43,15 +49,38 @@ class Workspace:
         self.meta = self.root / MARKER
         if not (self.meta / "config.yaml").is_file():
             raise WorkspaceError(f"{self.root} is not an infracourse workspace: run `infracourse init {self.root}`")
-        self.progress = Progress(self.meta / "progress.db")
+        self.progress = Progress(self.meta / "progress.db", must_exist=True)
+        if self.progress.lost:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The database was lost with no backup: unlocks come back from the week folders, and each week's last
+        grade from its .grade/result.json. What cannot come back is said in progress.notice."""
+        weeks = sorted(p.name for p in self.root.iterdir() if p.is_dir() and WEEK_FOLDER.fullmatch(p.name))
+        grades = 0
+        for week in weeks:
+            self.progress.unlock(week)
+            saved = self.root / week / GENERATED / "result.json"
+            try:
+                result = GradeResult.from_dict(json.loads(saved.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            self.progress.record(result)
+            grades += 1
+        self.progress.notice += (f"; rebuilt {len(weeks)} unlock(s) from the week folders and {grades} last "
+                                 "grade(s) from weekNN/.grade/result.json; earlier attempts and the count of hints "
+                                 "shown are lost")
 
     @classmethod
     def init(cls, root: Path) -> "Workspace":
         """Create (or reopen) a workspace; an existing one keeps its progress."""
+        if root.exists() and not root.is_dir():
+            raise WorkspaceError(f"{root} is a file, not a folder: pick a new folder name for the workspace")
         meta = root / MARKER
         meta.mkdir(parents=True, exist_ok=True)
         config = meta / "config.yaml"
         if not config.exists():
+            Progress(meta / "progress.db")  # a new workspace starts with an empty database, not a lost one
             config.write_text(yaml.safe_dump({"format_version": 1, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                               "created_by": f"infracourse {__version__}"}))
         return cls(root)
@@ -71,6 +100,22 @@ class Workspace:
 
     def week_dir(self, week: Week) -> Path:
         return self.root / week.id
+
+    def week_here(self, cwd: Path | None = None) -> str | None:
+        """The week whose folder the current directory is in (`infracourse grade` inside week07/), or None."""
+        try:
+            parts = (cwd or Path.cwd()).resolve().relative_to(self.root).parts
+        except ValueError:
+            return None
+        return parts[0] if parts and WEEK_FOLDER.fullmatch(parts[0]) else None
+
+    def save_result(self, result: GradeResult) -> None:
+        """Keep the last grade beside the week's files too: the database can be rebuilt from these."""
+        folder = self.root / result.week / GENERATED
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / "result.json.tmp"
+        tmp.write_text(json.dumps(result.as_dict(), indent=1))
+        os.replace(tmp, folder / "result.json")
 
     # ------------------------------------------------------------ unlocking
     def unlock(self, course: Course, week: Week) -> UnlockReport:

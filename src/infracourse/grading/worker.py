@@ -287,6 +287,7 @@ def _same(a, b) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    __import__("faulthandler").enable()  # a segfault in learner code prints its Python stack into the worker log
     parser = argparse.ArgumentParser(prog="infracourse.grading.worker")
     parser.add_argument("--in", dest="fd_in", type=int, required=True)
     parser.add_argument("--out", dest="fd_out", type=int, required=True)
