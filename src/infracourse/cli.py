@@ -61,7 +61,7 @@ app = typer.Typer(cls=_Group, no_args_is_help=True, context_settings={"help_opti
 dev_app = typer.Typer(help="Tools for course authors.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whole paths included
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", help="Workspace folder (default: found from the current one).")
 WeekArg = typer.Argument(None, help="week07, 7 or w7 (default: the week folder you are in)", show_default=False)
@@ -107,10 +107,13 @@ def _guarded(command):
                 _fail(str(exc.args[0] if exc.args else exc))
             if isinstance(exc, OSError):
                 _fail(_os_problem(exc))
+            if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):  # pydantic: a bad value given
+                _fail("invalid " + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'} {e.get('input')!r}: "
+                                             f"{e['msg']}" for e in exc.errors()))
             if os.environ.get("INFRACOURSE_DEBUG"):
                 raise
-            _fail(f"unexpected {type(exc).__name__}: {exc} (a bug in infracourse: please report it with the "
-                  "output of INFRACOURSE_DEBUG=1 and the same command)", code=3)
+            _fail(f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} (a bug in infracourse: please "
+                  "report it with the output of INFRACOURSE_DEBUG=1 and the same command)", code=3)
     return run
 
 
