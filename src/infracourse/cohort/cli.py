@@ -24,7 +24,7 @@ cohort_app = typer.Typer(no_args_is_help=True, help="For instructors: a gradeboo
                          "regraded on your machine, exported and published as a static site.")
 console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
-FAILURES = (bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
+FAILURES = (regrade.UnsandboxedError, bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
             publish.PublishError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
                             help="The gradebook file (default: gradebook.db in the current folder).")
@@ -99,17 +99,22 @@ def import_(bundles: List[Path] = typer.Argument(..., help="Submission .zip file
 def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this week."),
              learner: Optional[str] = typer.Option(None, "--learner", help="Only this learner."),
              again: bool = typer.Option(False, "--again", help="Also submissions already verified on this machine."),
+             allow_unsandboxed: bool = typer.Option(False, "--allow-unsandboxed", help="Regrade even where no "
+                                                    "sandbox works (learner code then runs with your rights); "
+                                                    "such results are marked unsandboxed."),
              gradebook_file: Path = GradebookOpt):
     """Re-run the graders on this machine for each learner's newest submission; mark the results verified."""
     with _reported():
         done = regrade.regrade(gradebook.Gradebook(gradebook_file), Course(), week=week, learner=learner,
-                               again=again, on_submission=lambda s: err.print(f"[dim]regrading {s.learner} "
+                               again=again, allow_unsandboxed=allow_unsandboxed,
+                               on_submission=lambda s: err.print(f"[dim]regrading {s.learner} "
                                                                               f"{s.week}[/dim]"))
     table = Table(title=f"regraded {len(done)} submission(s)")
     for column in ("learner", "week", "self-reported", "verified", "disagreements"):
         table.add_column(column, overflow="fold")
     for r in done:
-        table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported), _passed(r.verified),
+        table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported),
+                      _passed(r.verified) + ("" if r.verified.sandboxed else " (unsandboxed)"),
                       export.describe(r.disagreements))
     console.print(table)
 

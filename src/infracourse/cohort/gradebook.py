@@ -195,6 +195,16 @@ class Gradebook:
         with self._transaction() as db:
             _insert_result(db, submission_id, "verified", result, environment, ceilings, disagreements)
 
+    def unsandboxed(self) -> set[tuple[str, str]]:
+        """(learner, week) whose newest submission's newest verified result ran without the sandboxed worker
+        (`cohort regrade --allow-unsandboxed`): its learner code could have forged it."""
+        with closing(self._connect()) as db:
+            rows = db.execute(
+                "SELECT s.learner, s.week, json_extract(r.result_json, '$.sandboxed') FROM submissions s "
+                "JOIN results r ON r.id = (SELECT id FROM results WHERE submission_id = s.id AND origin = 'verified' "
+                "ORDER BY id DESC LIMIT 1)").fetchall()
+        return {(learner, week) for learner, week, sandboxed in rows if sandboxed == 0}
+
     # ------------------------------------------------------------ reading it all (export, publish)
     def snapshot(self) -> dict[str, list[tuple]]:
         """Every submission, result and figure, read in one consistent transaction (no bundles, no JSON blobs)."""

