@@ -30,9 +30,10 @@ def export(gradebook: Gradebook, course: Course, out: Path) -> Path:
     if out.suffix not in (".csv", ".json"):
         raise ExportError(f"{out}: name the file .csv (one row per learner x week) or .json (the same, structured)")
     cohort = cohort_standing(gradebook, course)
-    unsandboxed = gradebook.unsandboxed()
-    rows = [row(cohort.cell(learner, week.id), unsandboxed) for learner in cohort.learners
-            for week in cohort.built_weeks()]
+    unsandboxed = gradebook.unsandboxed()  # regraded with --allow-unsandboxed: learner code ran unconfined
+    rows = [row(cell) | {"verified_sandboxed": (cell.learner, cell.week) not in unsandboxed if cell.verified else None}
+            for learner in cohort.learners for week in cohort.built_weeks()
+            for cell in [cohort.cell(learner, week.id)]]
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + ".part")
     if out.suffix == ".csv":
@@ -47,17 +48,13 @@ def export(gradebook: Gradebook, course: Course, out: Path) -> Path:
     return out
 
 
-def row(cell: Standing, unsandboxed: set[tuple[str, str]] | None = None) -> dict:
-    """One learner x week; verified_sandboxed is False where the regrade ran learner code unconfined (None:
-    not verified, or `unsandboxed` (Gradebook.unsandboxed) not given)."""
+def row(cell: Standing) -> dict:
     return {
         "learner": cell.learner, "week": cell.week, "state": cell.state, "submissions": cell.submissions,
         "submitted_at": cell.submitted_at, "device": cell.device, "tier": cell.tier, "checks": cell.total,
         "self_passed": cell.self_passed, "self_complete": cell.self_complete, "verified": cell.verified,
         "verified_passed": cell.verified_passed if cell.verified else None,
         "verified_complete": cell.verified_complete if cell.verified else None,
-        "verified_sandboxed": (cell.learner, cell.week) not in unsandboxed
-        if cell.verified and unsandboxed is not None else None,
         "disagreements": cell.disagreements,
         "best_score": None if cell.score is None else round(cell.score, 4),
         "best_figures": {check: {"name": f.name, "value": f.value, "unit": f.unit, "origin": f.origin,
