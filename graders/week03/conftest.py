@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from infracourse.grading.remote import WorkerObject
 from infracourse.kit.gpt import GPTConfig
-from infracourse.kit.sequences import TokenModel, random_batches
+from infracourse.kit.sequences import token_model, random_batches
 from infracourse.kit.threads import intra_op_threads
 
 # Per device: model size, number of batches, sequences per batch, and the length distribution.
@@ -19,7 +20,8 @@ SIZES = {
 
 @dataclass
 class Workload:
-    model: TokenModel
+    model: object  # the grader's copy, for references
+    remote_model: object  # the same model built in the worker, where the learner's code calls it
     batches: list
     padded_tokens: int  # what padding to the longest of each batch computes
     useful_tokens: int  # the real tokens
@@ -31,18 +33,24 @@ class Workload:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def one_intra_op_thread():
-    with intra_op_threads(1):  # a tiny model: see infracourse.kit.threads
+def one_intra_op_thread(learner):
+    # A tiny model: see infracourse.kit.threads. The worker runs the learner's side, so it gets one thread too.
+    learner.worker.build(WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,)))
+    with intra_op_threads(1):
         yield
 
 
 @pytest.fixture(scope="session")
-def workload(device, seed):
+def workload(learner, device, seed):
     size = SIZES[device]
     cfg = size["cfg"]
     batches = random_batches(size["batches"], size["batch_size"], vocab=cfg.vocab_size, seed=seed, device=device,
                              median=size["median"], max_len=size["max_len"])
-    return Workload(model=TokenModel(cfg, seed=seed).to(device), batches=batches,
+    # The model the learner's code runs is built in the worker from the same seed: a judge-side model passed
+    # over would be called back here, one round trip per forward pass, inside the learner's timings.
+    spec = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layer=cfg.n_layer, seed=seed, device=device)
+    return Workload(model=token_model(**spec), remote_model=learner.worker.build(
+                        WorkerObject("infracourse.kit.sequences:token_model", kwargs=spec)), batches=batches,
                     padded_tokens=sum(len(b) * max(len(s) for s in b) for b in batches),
                     useful_tokens=sum(len(s) for b in batches for s in b))
 

@@ -10,7 +10,7 @@ TOLERANCE = 0.15
 @pytest.mark.check("littles-law")
 def test_littles_law(schemes, experiment, workload, record):
     sequences = [s for batch in workload.batches for s in batch]
-    rows = experiment.latency_table(schemes.pack, workload.model, sequences, CONCURRENCIES, max_batch=MAX_BATCH,
+    rows = experiment.latency_table(schemes.pack, workload.remote_model, sequences, CONCURRENCIES, max_batch=MAX_BATCH,
                                     per_client=PER_CLIENT)
     if len(rows) != len(CONCURRENCIES):
         raise LabCheckFailed(f"latency_table returned {len(rows)} rows for concurrencies {CONCURRENCIES}")

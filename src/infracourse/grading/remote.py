@@ -65,10 +65,11 @@ class Worker:
         self.scratch = Path(scratch or self._scratch_owner.name).resolve()
         self.sandboxed = sandbox.status().available
         self.proc: subprocess.Popen | None = None
+        self.generation = 0  # one per worker process: a handle or graph of a dead process names nothing in the next
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
         self.callbacks: dict[int, Callable] = {}
-        self.released: list[int] = []  # worker objects the judge dropped: freed with the next request
+        self.released: list[tuple[int, int]] = []  # (generation, id) the judge dropped: freed with the next request
         self.callback_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infracourse-callback")
         self.log_path = self.scratch.parent / f"{self.scratch.name}.log"
 
@@ -78,12 +79,15 @@ class Worker:
             if self.proc.poll() is None:
                 return
             self._discard()  # it died during an earlier check (which is an error): a fresh one for this one
+        self.generation += 1
+        self.released = []
         to_worker, self.fd_out = os.pipe()
         self.fd_in, from_worker = os.pipe()
         command = [sys.executable, "-s", "-m", "infracourse.grading.worker", "--in", str(to_worker),
                    "--out", str(from_worker), "--learner", str(self.learner_dir)]
         env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
         env.update(HOME=str(self.scratch), TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1",
+                   PYTHONUNBUFFERED="1",  # what it printed before a crash reaches the log (and the message)
                    TRITON_CACHE_DIR=str(self.scratch / ".triton"), PYTHONPATH=_engine_path())
         if self.sandboxed:
             command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu)
@@ -93,6 +97,11 @@ class Worker:
                                          start_new_session=True, preexec_fn=_die_with_parent)
         os.close(to_worker)
         os.close(from_worker)
+
+    def ready(self) -> None:
+        """Start a fresh worker if the last one died and wait until it answers, so that its start-up (importing
+        torch) is not charged to the next check's time limit."""
+        self.request("ping")
 
     def close(self) -> None:
         """Stop the worker and everything it started (the sandbox's PID namespace dies with its init)."""
@@ -137,13 +146,18 @@ class Worker:
         return f"the process running your code {what}" + (f"; its last output:\n{tail}" if tail else "")
 
     # ------------------------------------------------------------------ requests
-    def request(self, op: str, values: dict | None = None, *, alias_args: list | None = None, **fields) -> Any:
-        """Send one request and wait for its answer, serving the worker's callbacks meanwhile."""
+    def request(self, op: str, values: dict | None = None, *, alias_args: list | None = None,
+                generation: int | None = None, **fields) -> Any:
+        """Send one request and wait for its answer, serving the worker's callbacks meanwhile. `generation`:
+        the worker process the request's handles came from; if that one has died, WorkerFailed."""
         with self.lock:
             self.start()
+            if generation is not None and generation != self.generation:
+                raise WorkerFailed(STALE)
             key = next(self.ids)
             encoder = Encoder(on_callable=self._register_callback, handle_of=self._handle_of)
-            released, self.released = self.released, []
+            released = [i for g, i in self.released if g == self.generation]
+            self.released = []
             header, blobs = protocol.encode_message({"id": key, "op": op, "release": released, **fields},
                                                     values or {}, encoder)
             try:
@@ -159,9 +173,9 @@ class Worker:
             except (EOFError, OSError) as exc:
                 self._finish_dead()
                 raise WorkerFailed(self._death()) from exc
-            except ProtocolError as exc:
+            except Exception as exc:  # ProtocolError, or a callback's arguments the decoder could not rebuild
                 self._discard()
-                raise WorkerFailed(f"the process running your code broke the grading protocol: {exc}") from None
+                raise WorkerFailed(f"the process running your code broke the grading protocol: {_what(exc)}") from None
             storages = [_storage_of(a) for a in (alias_args or [])]
             decoder = Decoder(reply_blobs, reply.get("storages", []), on_handle=self._wrap_handle,
                               alias_storages=[s for s in storages if s is not None])
@@ -175,9 +189,11 @@ class Worker:
                 if not isinstance(record, dict):
                     raise ProtocolError("a call's record is not a mapping")
                 graph = reply.get("graph")
-            except ProtocolError as exc:
+            except LearnerRaised:
+                raise
+            except Exception as exc:  # not only ProtocolError: any value the decoder cannot rebuild is malformed
                 self._discard()
-                raise WorkerFailed(f"the process running your code sent a malformed answer: {exc}") from None
+                raise WorkerFailed(f"the process running your code sent a malformed answer: {_what(exc)}") from None
             return CallResult(value, record, graph if isinstance(graph, int) else None)
 
     def _finish_dead(self) -> None:
@@ -222,13 +238,24 @@ class Worker:
         return RemoteObject(self, Handle(node["handle"], str(node.get("type", "object"))[:100],
                                          bool(node.get("callable"))))
 
+    def _release(self, generation: int, key: int) -> None:
+        self.released.append((generation, key))
+
     # ------------------------------------------------------------------ learner code
     def module(self, name: str) -> "RemoteObject":
-        return self.request("import", module=name).value
+        """The learner's module `name`; if its worker dies, the next use imports it again in a fresh one."""
+        module = self.request("import", module=name).value
+        if isinstance(module, RemoteObject):
+            object.__setattr__(module, "_origin", ("import", name))
+        return module
 
     def build(self, spec: WorkerObject) -> Any:
         """Make a course object inside the worker (its args may hold learner handles): its value, or a proxy."""
         return self.request("build", {"object": spec}).value
+
+
+def _what(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ProtocolError) else f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _storage_of(value):
@@ -257,17 +284,56 @@ def _die_with_parent() -> None:
         pass
 
 
-class RemoteObject:
-    """A learner object living in the worker: attributes and calls go over the channel."""
+STALE = ("this object of your code lived in a worker process that has since stopped (an earlier check crashed "
+         "or killed it); it cannot be used in the fresh one")
 
-    def __init__(self, worker: Worker, handle: Handle):
+
+class RemoteObject:
+    """A learner object living in the worker: attributes and calls go over the channel.
+
+    A module, and what is reached from it by attribute (its functions and classes), survives the death of its
+    worker: the first use afterwards imports it again in the fresh worker, so one crashing check does not
+    take the next ones with it. Any other object (what a call returned) dies with its worker: using it
+    afterwards raises WorkerFailed."""
+
+    def __init__(self, worker: Worker, handle: Handle, origin: tuple | None = None):
         object.__setattr__(self, "_worker", worker)
-        object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_raw", handle)
+        object.__setattr__(self, "_generation", worker.generation)
+        object.__setattr__(self, "_origin", origin)  # ("import", name) or (parent RemoteObject, attribute)
+
+    @property
+    def _handle(self) -> Handle:
+        """The handle in the live worker (started here if need be), found again after a worker's death."""
+        worker = self._worker
+        with worker.lock:
+            worker.start()
+            if self._generation != worker.generation:
+                if self._origin is None:
+                    raise WorkerFailed(STALE)
+                if self._origin[0] == "import":
+                    fresh = worker.request("import", module=self._origin[1]).value
+                else:
+                    parent, name = self._origin
+                    fresh = worker.request("getattr", target=parent._handle.id, name=name).value
+                if not isinstance(fresh, RemoteObject):
+                    raise WorkerFailed(f"{STALE} (it is no longer an object of your code there)")
+                object.__setattr__(self, "_raw", fresh._raw)
+                object.__setattr__(self, "_generation", fresh._generation)
+            return self._raw
+
+    def _target(self) -> tuple[int, int]:
+        handle = self._handle
+        return handle.id, self._generation
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name in ("_raw", "_generation", "_origin", "_worker"):
             raise AttributeError(name)
-        return self._worker.request("getattr", target=self._handle.id, name=name).value
+        target, generation = self._target()
+        value = self._worker.request("getattr", target=target, name=name, generation=generation).value
+        if isinstance(value, RemoteObject) and self._origin is not None:
+            object.__setattr__(value, "_origin", (self, name))  # re-found by name after a worker's death
+        return value
 
     def __call__(self, *args, **kwargs) -> Any:
         return self.call(args, kwargs).value
@@ -279,25 +345,26 @@ class RemoteObject:
         kwargs = kwargs or {}
         flat = list(args) + list(kwargs.values())
         needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
-        result = self._worker.request("call", {"args": tuple(args), "kwargs": dict(kwargs)}, target=self._handle.id,
-                                      watch=watch, alias_args=flat)
+        target, generation = self._target()
+        result = self._worker.request("call", {"args": tuple(args), "kwargs": dict(kwargs)}, target=target,
+                                      watch=watch, alias_args=flat, generation=generation)
         if needs_grad:
             result.value = _bridge_autograd(self._worker, result, flat)
         return result
 
     @property
     def type_name(self) -> str:
-        return self._handle.type_name
+        return self._raw.type_name
 
     def __repr__(self) -> str:
-        return f"<learner {self._handle.type_name} in the grading worker>"
+        return f"<learner {self._raw.type_name} in the grading worker>"
 
 
 def _bridge_autograd(worker: Worker, result: CallResult, inputs: list) -> Any:
     """Make the outputs of a remote call differentiable in the judge: backward runs in the worker."""
     import torch
 
-    value, graph = result.value, result.graph
+    value, graph, generation = result.value, result.graph, worker.generation
     if graph is None:
         return value
     leaves = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -312,12 +379,12 @@ def _bridge_autograd(worker: Worker, result: CallResult, inputs: list) -> Any:
         @staticmethod
         def backward(ctx, *grads):
             grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, tensors)]
-            got = worker.request("backward", {"grads": grads}, graph=graph).value
+            got = worker.request("backward", {"grads": grads}, graph=graph, generation=generation).value
             got = list(got) + [None] * (len(leaves) - len(got))
             return tuple(g if g is None or isinstance(g, torch.Tensor) else None for g in got[:len(leaves)])
 
     connected = RemoteBackward.apply(*leaves)
-    weakref.finalize(connected[0].grad_fn, worker.released.append, graph)  # freed in the worker once unused
+    weakref.finalize(connected[0].grad_fn, worker._release, generation, graph)  # freed in the worker once unused
     it = iter(connected)
     rebuilt = [next(it) if isinstance(o, torch.Tensor) else o for o in outs]
     return type(value)(rebuilt) if isinstance(value, (tuple, list)) else rebuilt[0]

@@ -53,3 +53,26 @@ class TokenModel(nn.Module):
         for norm, mlp in zip(self.norms, self.mlps):
             x = x + mlp(norm(x))
         return self.head(self.norm(x))  # (..., vocab)
+
+
+def token_model(*, vocab_size: int, d_model: int, n_layer: int, seed: int, device: str = "cpu") -> TokenModel:
+    """TokenModel(GPTConfig(...), seed=seed) on `device`: plain arguments, so a grader can build the same model
+    inside the grading worker (WorkerObject) as the one it keeps for its references."""
+    cfg = GPTConfig(vocab_size=vocab_size, d_model=d_model, n_layer=n_layer)
+    return TokenModel(cfg, seed=seed).to(device)
+
+
+class SchemeLoop:
+    """Every batch through `scheme` and `model` once per call, the device drained at the end: built in the
+    grading worker beside the learner's scheme, so a grader can clock a whole pass over the batches from its
+    own process, with no round trip per batch and no tensors crossing during the clocked calls."""
+
+    def __init__(self, scheme, model: nn.Module, batches: list[list[torch.Tensor]]):
+        self.scheme, self.model, self.batches = scheme, model, batches
+
+    def __call__(self) -> None:
+        for seqs in self.batches:
+            tokens, unpack = self.scheme(seqs)
+            unpack(self.model(tokens))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
