@@ -90,6 +90,11 @@ class _Session:
 
     def pytest_runtest_setup(self, item):
         check = self.lab.check(item.stash[CHECK_KEY])
+        if self.worker is not None:
+            try:
+                self.worker.ready()  # a worker an earlier check killed is replaced before this check's clock starts
+            except WorkerFailed:
+                pass  # the check's own first call says what happened
         self.emit(event="start", check=check.id, t=time.time())
         unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
         if unmet:
