@@ -394,3 +394,30 @@ def test_a_cpp_extension_calling_at_softmax_is_seen(tmp_path):
     with watch_call() as record:
         extension.softmax(_rows())
     assert "_softmax" in record.compute_ops()
+
+
+# ----------------------------------------------------------------- ops classified by what they do
+@pytest.mark.parametrize("name, effect", [
+    ("new_zeros", "factory"), ("ones_like", "factory"), ("empty", "factory"), ("zeros", "factory"),
+    ("transpose", "view"), ("permute", "view"), ("slice", "view"), ("as_strided", "view"), ("detach_", "view"),
+    ("copy_", "copy"), ("lift_fresh", "copy"), ("clone", "copy"),
+    ("add", "compute"), ("add_", "compute"), ("_softmax", "compute"), ("mm", "compute"), ("sum", "compute"),
+    ("not_an_aten_op", "compute"),
+])
+def test_ops_are_classified_by_their_schema(name, effect):
+    from infracourse.guard import op_effect
+
+    assert op_effect(name) == effect
+
+
+def test_allocations_and_views_in_an_honest_kernel_are_not_compute():
+    """The ops an honest kernel wrapper uses to allocate and shape its output (issue 9: they used to fail)."""
+    from infracourse.guard import watch_call
+
+    x = torch.randn(4, 6)
+    with watch_call() as record:
+        x.new_zeros(3), torch.ones_like(x), torch.tensor([1.0, 2.0]), x.mT, x.T, torch.empty(5), x[1:].view(-1)
+    assert record.ops and record.compute_ops() == []
+    with watch_call() as record:
+        x + x, torch.softmax(x, -1), x @ x.mT
+    assert {"add", "_softmax", "mm"} <= set(record.compute_ops())

@@ -61,6 +61,8 @@ def op_effect(name: str) -> str:
     if all(r.alias_info is not None and not r.alias_info.is_write
            for s in schemas for r in s.returns if _is_tensor_type(r.type)):
         return "view"
+    if name.endswith("_") and op_effect(name[:-1]) == "view":
+        return "view"  # the in-place form of a view (detach_, t_, squeeze_) changes only self's metadata
     return "compute"
 
 
