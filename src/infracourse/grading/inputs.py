@@ -44,3 +44,18 @@ def tensors(shapes: list, *, dtype: str = "float32", device: str = "cuda", seed:
     """The spec graders pass to perf.timed: `make_args=tensors([[N], [N]], seed=seed)`."""
     return WorkerObject("infracourse.grading.inputs:random_tensors", (shapes,),
                         {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
+
+
+class gpt_batches:  # noqa: N801
+    """args(i) = ([count kit synthetic (inputs, targets) batches],) for a GPTConfig given by its fields:
+    a call that runs several training steps (week 6 times train_step this way)."""
+
+    def __init__(self, cfg: dict, batch: int, count: int, seed: int = 0, device: str = "cuda"):
+        self.cfg, self.batch, self.count, self.seed, self.device = cfg, batch, count, seed, device
+
+    def __call__(self, index: int) -> tuple[Any, ...]:
+        from infracourse.kit.gpt import GPTConfig, synthetic_batch
+
+        cfg = GPTConfig(**self.cfg)
+        first = (self.seed * 1_000_003 + index) * self.count
+        return ([synthetic_batch(cfg, self.batch, seed=first + i, device=self.device) for i in range(self.count)],)
