@@ -23,7 +23,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert not result.complete
     assert checks["forward-correct"].status == "failed"
     assert "write _forward_kernel" in checks["forward-correct"].message
-    assert checks["model-integration"].status == "failed"
+    assert checks["model-integration"].status == "failed", checks["model-integration"].message
     assert checks["report"].status == "failed"
 
 

@@ -10,9 +10,6 @@ import torch
 from infracourse.compare import assert_close, tolerance
 from infracourse.grading.plugin import BLOCKED_PREFIX
 from infracourse.guard import LabCheckFailed, require_plain_tensor, run_watched
-from infracourse.kit.triton_compat import patch_interpreter_scalars
-
-patch_interpreter_scalars()  # the online kernel's runtime-bounded loops under TRITON_INTERPRET=1 with NumPy >= 2.4
 
 ROUTES = ("triton", "cuda")
 # Below 6.1e-5 fp16 is subnormal, spaced 6e-8 apart: rounding there loses up to half a step whatever the kernel.
@@ -34,14 +31,13 @@ def route(module) -> str:
 
 @pytest.fixture(scope="session")
 def softmax(module, route, device):
-    """The learner's softmax, ready to call here. The CUDA route's extension is built now, outside any check's
-    watch (about a minute the first time; torch caches the build)."""
+    """The learner's softmax (in the grading worker). The CUDA route's extension is built now, in the worker
+    and outside any check's watch (about a minute: the worker's build folder lasts one grading session)."""
     if route == "cuda":
         if device != "cuda":
             pytest.skip(BLOCKED_PREFIX + "the CUDA C++ route (BACKEND = \"cuda\") runs only on a CUDA GPU; on this "
                         "machine kernel-did-work compile-checks softmax_cuda.cu with nvcc")
         module.softmax(torch.zeros(2, 8, device="cuda"))
-        torch.cuda.synchronize()
     return module.softmax
 
 

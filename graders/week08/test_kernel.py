@@ -1,21 +1,21 @@
 """Week 8: the answers come from the learner's own kernel.
 
 Triton route: a Triton kernel launched and no torch op computed (guard.run_watched).
-CUDA C++ route on a GPU: no torch op computed, and a __global__ function of softmax_cuda.cu ran (profiler).
+CUDA C++ route on a GPU: no torch op computed (a watched call in the worker), and a __global__ function of
+softmax_cuda.cu ran (the profiler, run in the worker around the learner's call: kit.probes).
 CUDA C++ route on a CPU: softmax_cuda.cu compiles with nvcc, as torch.utils.cpp_extension would compile its
-kernel part, and the compiled kernel loads, exponentiates and stores; blocked where there is no nvcc.
+kernel part, and the compiled kernel loads, exponentiates and stores; blocked where there is no nvcc. nvcc
+runs in the worker too: compiling the learner's source is running their build, which stays in the sandbox.
 """
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
 from infracourse.grading.plugin import BLOCKED_PREFIX
-from infracourse.guard import LabCheckFailed, run_watched, watch_call
+from infracourse.grading.protocol import WorkerObject
+from infracourse.guard import CallRecord, LabCheckFailed, run_watched
+from infracourse.kit.probes import ptx_entries
 
 NVCC_ARCH = "sm_80"  # the oldest GPUs with bf16 arithmetic; the GPU build targets the learner's own device
 
@@ -26,9 +26,9 @@ def test_kernel_did_work(module, route, device, learner):
         for shape in [(64, 1000), (2, 40000)]:
             run_watched(module.softmax, torch.randn(shape, device=device), name="softmax", replaces="torch.softmax")
     elif device == "cuda":
-        _cuda_kernel_ran(module, learner.path("softmax_cuda.cu"))
+        _cuda_kernel_ran(module, learner)
     else:
-        _compile_check(learner.path("softmax_cuda.cu"))
+        _compile_check(learner)
 
 
 def _global_functions(source: str) -> set[str]:
@@ -36,52 +36,46 @@ def _global_functions(source: str) -> set[str]:
     return set(re.findall(r"__global__\s+(?:\w+\s+)*?(\w+)\s*\(", text))
 
 
-def _cuda_kernel_ran(module, source: Path) -> None:
+def _cuda_kernel_ran(module, learner) -> None:
+    softmax = module.softmax
     x = torch.randn(64, 1000, device="cuda")
-    module.softmax(x)  # builds the extension outside the watch, if it was not built yet
-    torch.cuda.synchronize()
-    with watch_call() as record:
-        module.softmax(x)
+    softmax(x)  # builds the extension outside the watch, if it was not built yet
+    record = CallRecord.from_evidence(softmax.call((x,), watch={"poison": True}).record)
+    if record.inputs_modified:
+        raise LabCheckFailed("softmax modified its input: write the result into a new tensor")
     computed = record.compute_ops()
     if computed:
         raise LabCheckFailed(f"softmax called torch compute ops {computed}: the answer must come from your kernel in "
                              "softmax_cuda.cu, not from torch.softmax or other torch ops")
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        module.softmax(x)
-        torch.cuda.synchronize()
-    launched = {event.name for event in prof.events()}
-    ours = _global_functions(source.read_text())
+    launched = learner.worker.build(WorkerObject("infracourse.kit.probes:cuda_kernels_launched", (softmax, x)))
+    if not isinstance(launched, list):
+        raise LabCheckFailed(f"the profiler in the grading worker reported {type(launched).__name__}, not a list "
+                             "of kernel names")
+    ours = _global_functions(learner.path("softmax_cuda.cu").read_text())
     if not launched:
         raise LabCheckFailed("the profiler saw no CUDA kernel at all during softmax (is CUPTI available?): "
                              "cannot confirm that your kernel ran")
-    if not any(name in kernel for kernel in launched for name in ours):
+    if not any(name in str(kernel) for kernel in launched for name in ours):
         raise LabCheckFailed(f"none of the kernels in softmax_cuda.cu ({sorted(ours) or 'no __global__ function'}) "
-                             f"ran during softmax; the GPU ran {sorted(launched)[:5]}. Launch your own kernel.")
+                             f"ran during softmax; the GPU ran {[str(k) for k in launched[:5]]}. Launch your own "
+                             "kernel.")
 
 
-def _compile_check(source: Path) -> None:
-    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
-
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip(BLOCKED_PREFIX + "compile-checking softmax_cuda.cu needs nvcc (the CUDA toolkit) on PATH; "
-                    "this machine has none")
+def _compile_check(learner) -> None:
+    source = learner.path("softmax_cuda.cu")
     if not source.exists():
         raise LabCheckFailed("softmax_cuda.cu is missing from your week folder: restore it with `infracourse reset`")
-    with tempfile.TemporaryDirectory() as tmp:
-        # The flags torch.utils.cpp_extension gives nvcc, without TORCH_EXTENSION_NAME: the Python binding
-        # (which needs a CUDA build of torch) is left out, the kernels and their launcher are compiled.
-        command = [nvcc, *COMMON_NVCC_FLAGS, "-std=c++17", "-O3", f"-arch={NVCC_ARCH}", "-c", str(source),
-                   "-o", str(Path(tmp) / "softmax_cuda.o"), "--keep", "--keep-dir", tmp]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
-        if done.returncode != 0:
-            errors = "\n".join(line for line in done.stderr.splitlines() if "error" in line)[-1500:]
-            raise LabCheckFailed(f"softmax_cuda.cu does not compile with nvcc:\n{errors or done.stderr[-1500:]}")
-        ptx = "\n".join(path.read_text() for path in Path(tmp).glob("*.ptx"))
-    kernels = re.findall(r"\.entry\s+(\w+)", ptx)
-    if not kernels:
+    built = learner.worker.build(WorkerObject("infracourse.kit.probes:nvcc_ptx", (str(source), NVCC_ARCH)))
+    if not isinstance(built, dict):
+        raise LabCheckFailed(f"the compile check in the grading worker reported {type(built).__name__}")
+    if built.get("nvcc") is None:
+        pytest.skip(BLOCKED_PREFIX + "compile-checking softmax_cuda.cu needs nvcc (the CUDA toolkit) on PATH; "
+                    "this machine has none")
+    stderr, ptx = str(built.get("stderr", "")), str(built.get("ptx", ""))
+    if built.get("returncode") != 0:
+        errors = "\n".join(line for line in stderr.splitlines() if "error" in line)[-1500:]
+        raise LabCheckFailed(f"softmax_cuda.cu does not compile with nvcc:\n{errors or stderr[-1500:]}")
+    if not ptx_entries(ptx):
         raise LabCheckFailed("softmax_cuda.cu compiles but no kernel is instantiated: softmax_forward must launch your "
                              "__global__ kernel for float, __half and __nv_bfloat16")
     needed = {"ld.global": "loads nothing from x", "st.global": "stores nothing to y",

@@ -4,6 +4,7 @@ checked, L2 flushed, events + device-wide synchronise + wall-clock cross-check, 
 import pytest
 import torch
 
+from infracourse.grading.inputs import tensors
 from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
 
 WIDE = (8192, 4096)  # the shape the course compares at (h200.json: torch.softmax reaches ~58 % of copy here)
@@ -17,8 +18,9 @@ def _traffic(shape, dtype=torch.float32) -> tuple[int, int]:
     return 2 * n * dtype.itemsize, FLOPS_PER_ELEMENT * n
 
 
-def _fresh(shape):
-    return lambda: (torch.randn(shape, device="cuda"),)
+def _inputs(shape, seed):
+    """The spec of the fresh fp32 inputs of timed calls (built in the worker and, to check them, here)."""
+    return tensors([list(shape)], seed=seed)
 
 
 def _label(shape) -> str:
@@ -38,19 +40,20 @@ def test_large(graded, seed):
 
 
 @pytest.mark.check("bandwidth")
-def test_bandwidth(softmax, timed_check, ceilings, record, lab_check):
+def test_bandwidth(softmax, timed_check, ceilings, record, lab_check, seed):
     nbytes, flops = _traffic(WIDE)
-    timing = timed(softmax, _fresh(WIDE), check=timed_check, bytes_moved=nbytes, ceilings=ceilings, label="softmax")
+    timing = timed(softmax, _inputs(WIDE, seed), check=timed_check, bytes_moved=nbytes, ceilings=ceilings,
+                   label="softmax")
     require_fraction(nbytes / timing.seconds / 1e9, ceilings.copy_gbps, lab_check.threshold, unit="GB/s",
                      what="softmax 8192x4096 fp32", record=record, name=f"{_label(WIDE)} bandwidth",
                      bytes=nbytes, flops=flops, seconds=timing.seconds, label=_label(WIDE), timing=timing.as_dict())
 
 
-def _against_torch(softmax, timed_check, ceilings, record, lab_check, shape):
+def _against_torch(softmax, timed_check, ceilings, record, lab_check, shape, seed):
     nbytes, flops = _traffic(shape)
-    timing = timed(softmax, _fresh(shape), check=timed_check, bytes_moved=nbytes, ceilings=ceilings,
-                   label="softmax")
-    torch_timing = reference_time(lambda x: torch.softmax(x, dim=-1), _fresh(shape))
+    spec = _inputs(shape, seed)
+    timing = timed(softmax, spec, check=timed_check, bytes_moved=nbytes, ceilings=ceilings, label="softmax")
+    torch_timing = reference_time(lambda x: torch.softmax(x, dim=-1), spec)
     require_speedup(timing.seconds, torch_timing.seconds, lab_check.threshold, reference="torch.softmax",
                     what=f"softmax {shape[0]}x{shape[1]} fp32", record=record,
                     name=f"{_label(shape)} speed-up over torch.softmax", label=_label(shape), bytes=nbytes,
@@ -59,10 +62,10 @@ def _against_torch(softmax, timed_check, ceilings, record, lab_check, shape):
 
 
 @pytest.mark.check("vs-torch")
-def test_vs_torch(softmax, timed_check, ceilings, record, lab_check):
-    _against_torch(softmax, timed_check, ceilings, record, lab_check, WIDE)
+def test_vs_torch(softmax, timed_check, ceilings, record, lab_check, seed):
+    _against_torch(softmax, timed_check, ceilings, record, lab_check, WIDE, seed)
 
 
 @pytest.mark.check("long-rows-vs-torch")
-def test_long_rows_vs_torch(softmax, timed_check, ceilings, record, lab_check):
-    _against_torch(softmax, timed_check, ceilings, record, lab_check, LONG)
+def test_long_rows_vs_torch(softmax, timed_check, ceilings, record, lab_check, seed):
+    _against_torch(softmax, timed_check, ceilings, record, lab_check, LONG, seed)

@@ -1,10 +1,9 @@
-"""Week 9 graders: the learner's module and the error each dtype may show."""
+"""Week 9 graders: the learner's module, the tf32 switch it reads, and the error each dtype may show."""
 import pytest
 import torch
 
-from infracourse.kit.triton_compat import patch_interpreter_scalars
-
-patch_interpreter_scalars()  # runtime-bounded K loops under TRITON_INTERPRET=1 with NumPy >= 2.4
+from infracourse.grading.protocol import WorkerObject
+from infracourse.guard import LabCheckFailed
 
 # Norm-wise relative error ||C - C_ref|| / ||C_ref|| against a float64 product of the same inputs.
 # fp32 "ieee" (torch's default, allow_tf32 False) measures about 1e-7; tf32 tensor cores, allowed only when
@@ -19,12 +18,28 @@ def mm(learner):
     return learner.module("matmul")
 
 
+@pytest.fixture(scope="session")
+def tf32(learner):
+    """tf32(allow): set torch.backends.cuda.matmul.allow_tf32 in the worker, where the learner's matmul reads
+    it, and here, where the error bound and the advice read it."""
+    def _set(allow: bool) -> None:
+        got = learner.worker.build(WorkerObject("infracourse.kit.probes:set_tf32", (allow,)))
+        if got is not allow:
+            raise LabCheckFailed(f"torch.backends.cuda.matmul.allow_tf32 could not be set to {allow} in the process "
+                                 f"running your code (it reads {got!r}): do not replace torch's backend flags")
+        torch.backends.cuda.matmul.allow_tf32 = allow
+
+    return _set
+
+
 @pytest.fixture(autouse=True)
-def fp32_is_ieee():
-    """Every check starts from torch's default, tf32 off (the learner's module cannot relax it at import);
-    fp32-precision turns it on itself."""
+def fp32_is_ieee(request):
+    """Every check of the learner's matmul starts from torch's default, tf32 off, set after the module was
+    imported (so it cannot relax it at import); fp32-precision turns it on itself."""
     saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    if "mm" in request.fixturenames:
+        request.getfixturevalue("mm")
+        request.getfixturevalue("tf32")(False)
     yield
     torch.backends.cuda.matmul.allow_tf32 = saved
 

@@ -121,11 +121,11 @@ def test_correct_large(mm, seed, error_bound):
 
 
 @pytest.mark.check("fp32-precision")
-def test_fp32_precision(mm, record, error_bound):
+def test_fp32_precision(mm, record, error_bound, tf32):
     a = torch.randn(512, 1024, device="cuda")
     b = torch.randn(1024, 384, device="cuda")
-    for allow in (False, True):  # the fp32_is_ieee fixture puts torch's default back afterwards
-        torch.backends.cuda.matmul.allow_tf32 = allow
+    for allow in (False, True):  # the fp32_is_ieee fixture puts torch's default back for the next check
+        tf32(allow)
         mode = "tf32 allowed" if allow else "tf32 not allowed (torch's default: ieee fp32)"
         err = check_product(mm, a, b, error_bound(torch.float32), f"(512x1024) @ (1024x384) fp32, {mode}")
         record(f"relative error fp32 {'tf32' if allow else 'ieee'}", err, target=error_bound(torch.float32))

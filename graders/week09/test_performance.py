@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from infracourse import bench
 from infracourse.compare import relative_error
-from infracourse.grading.perf import require_fraction, timed
+from infracourse.grading.inputs import tensors
+from infracourse.grading.perf import reference_time, require_fraction, timed
 from infracourse.guard import LabCheckFailed
 
 # (M, K, N) for the sweep: where a plain tiled kernel wins, ties and loses against the vendor library
@@ -12,10 +12,9 @@ SWEEP = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4097, 4097, 4
          (8192, 8192, 16), (4096, 64, 4096)]
 
 
-def _race(mm, M, K, N, dtype, ceilings, error_bound):
-    """Time the learner's matmul and torch.mm on fresh inputs of one shape; returns both timings."""
-    def make_args():
-        return torch.randn(M, K, device="cuda", dtype=dtype), torch.randn(K, N, device="cuda", dtype=dtype)
+def _race(mm, M, K, N, dtype, ceilings, error_bound, seed):
+    """Time the learner's matmul (in the worker) and torch.mm (here) on fresh inputs of one shape."""
+    spec = tensors([[M, K], [K, N]], dtype=str(dtype).removeprefix("torch."), seed=seed)
 
     def check(out, args):
         err = relative_error(out, args[0].float() @ args[1].float())
@@ -24,9 +23,9 @@ def _race(mm, M, K, N, dtype, ceilings, error_bound):
                                  f"{error_bound(dtype):.0e}: timed calls must compute the product too")
 
     flops, moved = 2 * M * N * K, (M * K + K * N + M * N) * dtype.itemsize
-    yours = timed(mm.matmul, make_args, check=check, flops=flops, bytes_moved=moved, ceilings=ceilings,
+    yours = timed(mm.matmul, spec, check=check, flops=flops, bytes_moved=moved, ceilings=ceilings,
                   label=f"matmul ({M}x{K}) @ ({K}x{N})")
-    cublas = bench.measure(torch.mm, make_args=make_args)
+    cublas = reference_time(torch.mm, spec)
     return yours, cublas, flops, moved
 
 
@@ -42,8 +41,8 @@ def _figures(record, label, flops, moved, yours, cublas, ceilings):
 
 @pytest.mark.parametrize("n", [pytest.param(4096, marks=pytest.mark.check("cublas-4096")),
                                pytest.param(8192, marks=pytest.mark.check("cublas-8192"))])
-def test_against_cublas(mm, n, ceilings, record, lab_check, error_bound):
-    yours, cublas, flops, moved = _race(mm, n, n, n, torch.bfloat16, ceilings, error_bound)
+def test_against_cublas(mm, n, ceilings, record, lab_check, error_bound, seed):
+    yours, cublas, flops, moved = _race(mm, n, n, n, torch.bfloat16, ceilings, error_bound, seed)
     require_fraction(flops / yours.seconds / 1e12, flops / cublas.seconds / 1e12, lab_check.threshold,
                      unit="TFLOP/s", what=f"bf16 matmul {n}x{n}x{n} against cuBLAS (torch.mm) on this device",
                      record=_figures(record, f"matmul {n}x{n}x{n} bf16", flops, moved, yours, cublas, ceilings),
@@ -51,11 +50,11 @@ def test_against_cublas(mm, n, ceilings, record, lab_check, error_bound):
 
 
 @pytest.mark.check("shape-sweep")
-def test_shape_sweep(mm, ceilings, record, error_bound):
+def test_shape_sweep(mm, ceilings, record, error_bound, seed):
     # No target: the figures are the learner's raw data for the report (one shape that gains, one that
     # regresses). The check fails on a wrong timed output or a timing that cannot be trusted.
     for M, K, N in SWEEP:
-        yours, cublas, flops, moved = _race(mm, M, K, N, torch.bfloat16, ceilings, error_bound)
+        yours, cublas, flops, moved = _race(mm, M, K, N, torch.bfloat16, ceilings, error_bound, seed)
         _figures(record, f"matmul {M}x{K}x{N} bf16", flops, moved, yours, cublas, ceilings)(
             f"{M}x{K}x{N} bf16", flops / yours.seconds / 1e12, unit="TFLOP/s",
             ratio_to_reference=cublas.seconds / yours.seconds, shape=[M, K, N])

@@ -2,10 +2,6 @@
 import pytest
 import torch
 
-from infracourse.kit.triton_compat import patch_interpreter_scalars
-
-patch_interpreter_scalars()  # runtime-bounded row loops under TRITON_INTERPRET=1 with NumPy >= 2.4
-
 
 @pytest.fixture(scope="session")
 def rms(learner):

@@ -1,11 +1,15 @@
 """Week 10 correctness: forward and gradients against autograd of the unfused ops, edge inputs, masks, own
 kernels, and the norm plugged into the course's GPT."""
+import dataclasses
+
 import pytest
 import torch
 
 from infracourse.compare import assert_close, relative_error
+from infracourse.grading.protocol import WorkerObject
 from infracourse.guard import LabCheckFailed, fenced, require_plain_tensor, run_watched
-from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
+from infracourse.kit.gpt import GPTConfig, synthetic_batch
+from infracourse.kit.probes import GPTTrainer
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (rows, hidden) and (batch, seq, hidden): hidden sizes that are no power of two, one row, 3-D activations
@@ -118,11 +122,12 @@ def test_edge_inputs(rms, device, reference):
     check_backward(rms, x, weight, torch.randn(6, 48, device=device), reference, "eps=1e-2", eps=1e-2)
 
 
-def _backward_node(y, what):
-    """The learner's autograd.Function node behind y: calling its apply() runs their backward right here."""
-    node = y.grad_fn
-    if not isinstance(node, torch.autograd.function.BackwardCFunction):
-        made_by = type(node).__name__ if node is not None else "nothing (no grad_fn)"
+def _backward_node(learner, rms, x, weight, what):
+    """The learner's autograd.Function node behind rms_norm(x, weight), in the worker (kit.probes): its
+    backward(dy) runs their backward alone, so a watched call of it observes just that."""
+    node = learner.worker.build(WorkerObject("infracourse.kit.probes:AutogradNode", (rms.rms_norm, (x, weight))))
+    if node.custom is not True:
+        made_by = node.grad_fn_type or "nothing (no grad_fn)"
         raise LabCheckFailed(
             f"{what}: its grad_fn is {made_by}, so autograd differentiates torch ops, not your backward kernel. "
             "Write a torch.autograd.Function whose forward and backward launch your kernels, and return "
@@ -130,11 +135,10 @@ def _backward_node(y, what):
     return node
 
 
-def check_watched_backward(rms, x, weight, dy, reference, what, require_kernel=False):
+def check_watched_backward(rms, learner, x, weight, dy, reference, what, require_kernel=False):
     """Run the learner's backward itself under watch (poisoned outputs, recorded ops) and check its grads."""
-    y = rms.rms_norm(x.detach().requires_grad_(), weight.detach().requires_grad_())
-    node = _backward_node(y, f"rms_norm's output for {what}")
-    grads = run_watched(node.apply, dy, name="rms_norm's backward", require_kernel=require_kernel,
+    node = _backward_node(learner, rms, x, weight, f"rms_norm's output for {what}")
+    grads = run_watched(node.backward, dy, name="rms_norm's backward", require_kernel=require_kernel,
                         replaces="torch ops for the gradient arithmetic (mul, sum, mean, ...)")
     if not isinstance(grads, tuple) or len(grads) < 2:
         raise LabCheckFailed(f"your backward returned {type(grads).__name__}; return (dx, dw, None): one gradient "
@@ -145,7 +149,7 @@ def check_watched_backward(rms, x, weight, dy, reference, what, require_kernel=F
 
 
 @pytest.mark.check("masks")
-def test_masks(rms, device, reference):
+def test_masks(rms, learner, device, reference):
     # x, weight and dy sit between NaN fences and outputs between canaries: a load past the end of a row
     # reads the next row (or NaN after the last), a store past it changes a neighbour or a canary.
     for rows, cols in [(3, 33), (7, 127), (5, 1000), (2, 1)]:
@@ -154,39 +158,44 @@ def test_masks(rms, device, reference):
         what = f"x ({rows}, {cols}) fp32 with fenced inputs"
         check_forward(rms, x, weight, reference, what)
         if cols > 1:
-            check_watched_backward(rms, x, weight, dy, reference, what)
+            check_watched_backward(rms, learner, x, weight, dy, reference, what)
 
 
 @pytest.mark.check("kernel-did-work")
-def test_kernel_did_work(rms, device, reference):
+def test_kernel_did_work(rms, learner, device, reference):
     x, weight = make_inputs((16, 96), torch.float32, device)
     run_watched(rms.rms_norm, x.requires_grad_(), weight.requires_grad_(), name="rms_norm",
                 replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
-    check_watched_backward(rms, x, weight, torch.randn(16, 96, device=device), reference, "x (16, 96) fp32",
-                           require_kernel=True)
+    check_watched_backward(rms, learner, x, weight, torch.randn(16, 96, device=device), reference,
+                           "x (16, 96) fp32", require_kernel=True)
 
 
 @pytest.mark.check("model-integration")
-def test_model_integration(rms, device, seed):
-    # The course's GPT with the default (unfused) RMSNorm and with yours: same seed, same batch, one step.
+def test_model_integration(rms, learner, device, seed):
+    # The course's GPT with the default (unfused) RMSNorm, here, and with yours, in the worker: same seed, same
+    # batch, one forward and backward.
     cfg = GPTConfig(seq_len=16)
     idx, targets = synthetic_batch(cfg, 2, seed=seed, device=device)
-    losses, grads = {}, {}
-    for name, norm_fn in (("unfused", None), ("yours", rms.rms_norm)):
-        model = GPT(cfg, seed=seed % 1000, norm_fn=norm_fn).to(device)
-        _, loss = model(idx, targets)
-        loss.backward()
-        losses[name] = loss.item()
-        grads[name] = {n: p.grad for n, p in model.named_parameters()}
-    if not abs(losses["yours"] - losses["unfused"]) <= 1e-5 * abs(losses["unfused"]):
-        raise LabCheckFailed(f"GPT loss with your rms_norm is {losses['yours']:.7g}, with the unfused norm "
-                             f"{losses['unfused']:.7g} (seed {seed}): plug-in must not change the model")
-    for name, expected in grads["unfused"].items():
-        got = grads["yours"][name]
+    options = {"seed": seed % 1000, "device": device}
+    expected_loss, expected = GPTTrainer(cfg, None, **options).gradients(idx, targets)
+    yours = learner.worker.build(WorkerObject(
+        "infracourse.kit.probes:GPTTrainer",
+        (WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg)), rms.rms_norm), options))
+    answer = yours.gradients(idx, targets)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], float)
+            and isinstance(answer[1], dict)):
+        raise LabCheckFailed("the GPT with your rms_norm did not report a loss and gradients")
+    loss, grads = answer
+    if not abs(loss - expected_loss) <= 1e-5 * abs(expected_loss):
+        raise LabCheckFailed(f"GPT loss with your rms_norm is {loss:.7g}, with the unfused norm "
+                             f"{expected_loss:.7g} (seed {seed}): plug-in must not change the model")
+    for name, want in expected.items():
+        got = grads.get(name)
         if got is None:
             raise LabCheckFailed(f"GPT with your rms_norm: {name} received no gradient; return dx and dw from "
                                  "your backward (and None for eps)")
-        err = relative_error(got, expected)
+        require_plain_tensor(got, like=want, what=f"the gradient of {name} in the GPT with your rms_norm")
+        err = relative_error(got, want)
         if not err <= 1e-4:
             raise LabCheckFailed(f"GPT with your rms_norm: the gradient of {name} differs from the unfused model's "
                                  f"(relative error {err:.2e} > 1e-4, seed {seed})")

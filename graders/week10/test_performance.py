@@ -1,16 +1,22 @@
 """Week 10 performance on a GPU: the fused forward against copy bandwidth and F.rms_norm, the operator's
-speed-up over the model's unfused norm, and, measured separately, what that does to a training step."""
-import itertools
+speed-up over the model's unfused norm, and, measured separately, what that does to a training step.
+
+The learner's code is timed in the worker (perf.timed, on inputs both sides build from one spec); what must
+run around it there (autograd for forward + backward, the GPT training step with their norm) is course code
+from kit.probes. The references (F.rms_norm, the kit's unfused RMSNorm, the GPT with it) are timed here."""
+import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from infracourse import bench
 from infracourse.compare import assert_close
-from infracourse.grading.perf import require_fraction, timed
+from infracourse.grading.inputs import build, scaled, tokens
+from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
+from infracourse.grading.protocol import WorkerObject
 from infracourse.guard import LabCheckFailed
-from infracourse.kit.gpt import GPT, GPTConfig, RMSNorm, synthetic_batch
+from infracourse.kit.gpt import GPTConfig, RMSNorm
+from infracourse.kit.probes import GPTTrainer
 
 EPS = 1e-6
 # The shapes the reference kernels were measured at on an H200 (../shared/h200.json)
@@ -24,68 +30,62 @@ def _name(dtype):
     return str(dtype).replace("torch.", "")
 
 
-def _forward_race(rms, unfused, rows, cols, dtype, ceilings):
+def _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed):
     """Time the learner's forward and F.rms_norm on fresh (rows, cols) inputs; returns both and the bytes moved."""
-    def make_args():
-        return (torch.randn(rows, cols, device="cuda", dtype=dtype),
-                (1 + 0.5 * torch.randn(cols, device="cuda")).to(dtype))
+    # (x, weight = 1 + 0.5 randn, eps)
+    spec = scaled([[rows, cols], [cols]], scales=[1.0, 0.5], shifts=[0.0, 1.0], extra=[EPS], dtype=_name(dtype),
+                  seed=seed)
 
     def check(out, args):
         assert_close(out, unfused(args[0].float(), args[1].float()), what=f"a timed rms_norm output ({rows}, {cols})")
 
     moved = (2 * rows * cols + cols) * dtype.itemsize  # read x and weight, write y
-    yours = timed(lambda x, w: rms.rms_norm(x, w, EPS), make_args, check=check, bytes_moved=moved,
-                  ceilings=ceilings, label=f"rms_norm forward ({rows}, {cols}) {_name(dtype)}")
-    torch_time = bench.measure(lambda x, w: F.rms_norm(x, (cols,), w, EPS), make_args=make_args)
+    yours = timed(rms.rms_norm, spec, check=check, bytes_moved=moved, ceilings=ceilings,
+                  label=f"rms_norm forward ({rows}, {cols}) {_name(dtype)}")
+    torch_time = reference_time(lambda x, w, eps: F.rms_norm(x, (cols,), w, eps), spec)
     return yours, torch_time, moved
 
 
-def _forward_figures(rows, cols, dtype, moved, yours, torch_time):
+def _forward_figures(rows, cols, dtype, moved):
     """What the grade's plots need: the kernel, its traffic and work (x*x, the sum, x*rstd, *w: 4 flops an
-    element), both times."""
-    return dict(label=f"rms_norm forward {rows}x{cols} {_name(dtype)}", bytes=moved, flops=4 * rows * cols,
-                seconds=yours.seconds, reference_seconds=torch_time.seconds, reference="torch.nn.functional.rms_norm")
-
-
-def require_speedup(speedup, threshold, what, record, name, **extra):
-    record(name, speedup, target=threshold, unit="x", **extra)
-    if speedup < threshold:
-        raise LabCheckFailed(f"{what}: {speedup:.2f}x; the target is {threshold:.2f}x")
+    element)."""
+    return dict(label=f"rms_norm forward {rows}x{cols} {_name(dtype)}", bytes=moved, flops=4 * rows * cols)
 
 
 @pytest.mark.check("forward-bandwidth")
-def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check):
+def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check, seed):
     for rows, cols, dtype in FORWARD_SHAPES:
-        yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings)
+        yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
         figures = lambda name, value, **kw: record(  # noqa: E731
-            name, value, **_forward_figures(rows, cols, dtype, moved, yours, torch_time), **kw)
+            name, value, **_forward_figures(rows, cols, dtype, moved), seconds=yours.seconds,
+            reference_seconds=torch_time.seconds, reference="torch.nn.functional.rms_norm", **kw)
         require_fraction(moved / yours.seconds / 1e9, ceilings.copy_gbps, lab_check.threshold, unit="GB/s",
                          what=f"rms_norm forward ({rows}, {cols}) {_name(dtype)}", record=figures,
                          name=f"forward GB/s ({rows}, {cols}) {_name(dtype)}")
 
 
 @pytest.mark.check("forward-vs-torch")
-def test_forward_vs_torch(rms, unfused, ceilings, record, lab_check):
+def test_forward_vs_torch(rms, unfused, ceilings, record, lab_check, seed):
     for rows, cols, dtype in FORWARD_SHAPES:
-        yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings)
-        require_speedup(torch_time.seconds / yours.seconds, lab_check.threshold,
-                        f"rms_norm forward ({rows}, {cols}) {_name(dtype)} against F.rms_norm", record,
-                        f"speed-up over F.rms_norm ({rows}, {cols}) {_name(dtype)}",
-                        **_forward_figures(rows, cols, dtype, moved, yours, torch_time))
+        yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
+        require_speedup(yours.seconds, torch_time.seconds, lab_check.threshold,
+                        reference="torch.nn.functional.rms_norm",
+                        what=f"rms_norm forward ({rows}, {cols}) {_name(dtype)} against F.rms_norm", record=record,
+                        name=f"speed-up over F.rms_norm ({rows}, {cols}) {_name(dtype)}",
+                        **_forward_figures(rows, cols, dtype, moved))
 
 
-def operator_times(rms, unfused, rows, cols, dtype, ceilings):
-    """Forward + backward of the learner's norm and of the GPT's own unfused RMSNorm at one activation shape."""
-    def make_args():
-        x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)
-        weight = (1 + 0.5 * torch.randn(cols, device="cuda")).to(dtype).requires_grad_()
-        return x, weight, torch.randn(rows, cols, device="cuda", dtype=dtype)
-
-    def yours(x, weight, dy):
-        y = rms.rms_norm(x, weight, EPS)
-        return (y, *torch.autograd.grad(y, (x, weight), dy))
+def operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed):
+    """Forward + backward of the learner's norm (in the worker, through kit.probes.ForwardBackward) and of the
+    GPT's own unfused RMSNorm (here) at one activation shape."""
+    # (x, weight = 1 + 0.5 randn, dy)
+    spec = scaled([[rows, cols], [cols], [rows, cols]], scales=[1.0, 0.5, 1.0], shifts=[0.0, 1.0, 0.0],
+                  dtype=_name(dtype), seed=seed)
+    yours = learner.worker.build(WorkerObject("infracourse.kit.probes:ForwardBackward", (rms.rms_norm, EPS)))
 
     def check(out, args):
+        if not isinstance(out, tuple) or len(out) != 3:
+            raise LabCheckFailed("a timed forward + backward did not give (y, dx, dw)")
         x, weight, dy = (a.detach().float().requires_grad_() for a in args)
         expected = unfused(x, weight)
         dx, dw = torch.autograd.grad(expected, (x, weight), dy)
@@ -94,81 +94,68 @@ def operator_times(rms, unfused, rows, cols, dtype, ceilings):
 
     kit_norm = RMSNorm(cols, eps=EPS).to("cuda", dtype)  # the model's default: upcast, five ops, downcast
 
-    def theirs(x, dy):
-        y = kit_norm(x)
-        return torch.autograd.grad(y, (x, kit_norm.weight), dy)
-
-    def their_args():
-        x = torch.randn(rows, cols, device="cuda", dtype=dtype, requires_grad=True)
-        return x, torch.randn(rows, cols, device="cuda", dtype=dtype)
+    def theirs(x, weight, dy):  # the module's own weight, of weight's shape, stands in for it
+        x = x.detach().requires_grad_()
+        return torch.autograd.grad(kit_norm(x), (x, kit_norm.weight), dy)
 
     # forward reads x, weight and writes y; backward reads x, weight, dy and writes dx, dw
     moved = (5 * rows * cols + 3 * cols) * dtype.itemsize
-    mine = timed(yours, make_args, check=check, bytes_moved=moved, ceilings=ceilings,
+    mine = timed(yours, spec, check=check, bytes_moved=moved, ceilings=ceilings,
                  label=f"rms_norm forward + backward ({rows}, {cols}) {_name(dtype)}")
-    eager = bench.measure(theirs, make_args=their_args)
+    eager = reference_time(theirs, spec)
     return mine, eager, moved
 
 
 @pytest.mark.check("operator-speedup")
-def test_operator_speedup(rms, unfused, ceilings, record, lab_check):
+def test_operator_speedup(rms, learner, unfused, ceilings, record, lab_check, seed):
     # Activations large enough that the kernels' time, not their launch cost, is measured. The end-to-end
     # check measures the same ratio again at the model's own (smaller) activations.
     rows, cols, dtype = FORWARD_SHAPES[0]
-    mine, eager, moved = operator_times(rms, unfused, rows, cols, dtype, ceilings)
+    mine, eager, moved = operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed)
     label = f"rms_norm forward + backward {rows}x{cols} {_name(dtype)}"
-    require_speedup(eager.seconds / mine.seconds, lab_check.threshold, f"{label} against the GPT's unfused RMSNorm",
-                    record, "operator speed-up (forward + backward)", label=label, bytes=moved,
-                    flops=13 * rows * cols,  # forward 4 an element, backward 9
-                    seconds=mine.seconds, reference_seconds=eager.seconds, reference="kit.gpt.RMSNorm (unfused)")
-
-
-def _trainer(norm_fn):
-    model = GPT(MODEL, seed=0, norm_fn=norm_fn).to("cuda", torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step(idx, targets):
-        optimizer.zero_grad(set_to_none=True)
-        _, loss = model(idx, targets)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-
-    return model, step
+    require_speedup(mine.seconds, eager.seconds, lab_check.threshold, reference="kit.gpt.RMSNorm (unfused)",
+                    what=f"{label} against the GPT's unfused RMSNorm", record=record,
+                    name="operator speed-up (forward + backward)", label=label, bytes=moved,
+                    flops=13 * rows * cols)  # forward 4 an element, backward 9
 
 
 @pytest.mark.check("end-to-end")
-def test_end_to_end(rms, unfused, ceilings, record):
-    # Same model, same batches, the norm the only difference. No target: whether the operator's gain carries
-    # over is the question the report answers. The check fails on a changed loss or an untrustworthy timing.
-    seeds = itertools.count(1)
-    batch = lambda: synthetic_batch(MODEL, BATCH, seed=next(seeds), device="cuda")  # noqa: E731
-    baseline_model, baseline_step = _trainer(None)
-    model, step = _trainer(rms.rms_norm)
-    idx, targets = batch()
-    with torch.no_grad():
-        expected, got = baseline_model(idx, targets)[1].item(), model(idx, targets)[1].item()
-    if not abs(got - expected) <= 2e-2 * abs(expected):
-        raise LabCheckFailed(f"the bf16 GPT's loss with your rms_norm is {got:.5g}, with the unfused norm "
+def test_end_to_end(rms, learner, unfused, ceilings, record, seed):
+    # Same model, same batches, the norm the only difference: the unfused one here, the learner's in the
+    # worker. No target: whether the operator's gain carries over is the question the report answers. The
+    # check fails on a changed loss or an untrustworthy timing.
+    options = {"seed": 0, "device": "cuda", "dtype": torch.bfloat16}
+    config = dataclasses.asdict(MODEL)
+    batches = tokens(config, BATCH, seed=seed)
+    baseline = GPTTrainer(MODEL, None, **options)
+    yours = learner.worker.build(WorkerObject(
+        "infracourse.kit.probes:GPTTrainer",
+        (WorkerObject("infracourse.kit.gpt:GPTConfig", (), config), rms.rms_norm), options))
+    idx, targets = build(batches)(10**7)  # a batch no timed step uses
+    expected, got = baseline.loss(idx, targets), yours.loss(idx, targets)
+    if not isinstance(got, float) or not abs(got - expected) <= 2e-2 * abs(expected):
+        shown = f"{got:.5g}" if isinstance(got, float) else repr(got)[:60]
+        raise LabCheckFailed(f"the bf16 GPT's loss with your rms_norm is {shown}, with the unfused norm "
                              f"{expected:.5g}: plugging the kernel in must not change the model")
 
     def check(loss, args):
-        if not torch.isfinite(loss):
-            raise LabCheckFailed("a timed training step with your rms_norm produced a non-finite loss")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not torch.isfinite(loss).all():
+            raise LabCheckFailed("a timed training step with your rms_norm did not give a finite loss")
 
-    tokens = BATCH * MODEL.seq_len
-    flops = 6 * sum(p.numel() for p in model.parameters()) * tokens  # a lower bound: attention not counted
-    baseline = bench.measure(baseline_step, make_args=batch)
-    yours = timed(step, batch, check=check, flops=flops, ceilings=ceilings, label="a GPT training step")
-    mine, eager, _ = operator_times(rms, unfused, tokens, MODEL.d_model, torch.bfloat16, ceilings)
+    tokens_per_step = BATCH * MODEL.seq_len
+    flops = 6 * baseline.parameter_count() * tokens_per_step  # a lower bound: attention not counted
+    baseline_time = reference_time(baseline, batches)
+    step_time = timed(yours, batches, check=check, flops=flops, ceilings=ceilings, label="a GPT training step")
+    mine, eager, _ = operator_times(rms, learner, unfused, tokens_per_step, MODEL.d_model, torch.bfloat16,
+                                    ceilings, seed)
     calls = 2 * MODEL.n_layer + 1  # two norms per block and the final one
-    share = min(calls * eager.seconds / baseline.seconds, 1.0)
+    share = min(calls * eager.seconds / baseline_time.seconds, 1.0)
     operator = eager.seconds / mine.seconds
-    record("end-to-end step speed-up", baseline.seconds / yours.seconds, unit="x", label="GPT training step",
-           seconds=yours.seconds, reference_seconds=baseline.seconds,
+    record("end-to-end step speed-up", baseline_time.seconds / step_time.seconds, unit="x",
+           label="GPT training step", seconds=step_time.seconds, reference_seconds=baseline_time.seconds,
            reference="the same GPT with kit.gpt.RMSNorm (unfused)", model=str(MODEL), batch=BATCH)
     record("operator speed-up at the model's shape", operator, unit="x",
-           label=f"rms_norm forward + backward {tokens}x{MODEL.d_model} bfloat16", seconds=mine.seconds,
+           label=f"rms_norm forward + backward {tokens_per_step}x{MODEL.d_model} bfloat16", seconds=mine.seconds,
            reference_seconds=eager.seconds, reference="kit.gpt.RMSNorm (unfused)")
     record("norm share of the unfused step", share, unit="", calls_per_step=calls)
     record("predicted end-to-end speed-up (Amdahl)", 1 / (1 - share + share / operator), unit="x")

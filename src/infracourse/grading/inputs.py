@@ -46,6 +46,55 @@ def tensors(shapes: list, *, dtype: str = "float32", device: str = "cuda", seed:
                         {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
 
 
+class scaled_tensors(random_tensors):  # noqa: N801
+    """random_tensors, tensor k then drawn as `randn * scales[k] + shifts[k]` (in fp32, before the cast), and
+    followed by the plain values of `extra` (an eps, a flag): args(i) = (*tensors, *extra)."""
+
+    def __init__(self, shapes: list, scales: list, shifts: list, extra: list = (), **options):
+        super().__init__(shapes, **options)
+        self.scales, self.shifts, self.extra = scales, shifts, tuple(extra)
+
+    def __call__(self, index: int) -> tuple[Any, ...]:
+        import torch
+
+        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + index)
+        draw = torch.randn if self.kind == "randn" else torch.rand
+        dtype = getattr(torch, self.dtype)
+        drawn = tuple((draw(*shape, generator=generator, device=self.device, dtype=torch.float32) * scale + shift)
+                      .to(dtype) for shape, scale, shift in zip(self.shapes, self.scales, self.shifts))
+        return drawn + self.extra
+
+
+def scaled(shapes: list, *, scales: list | None = None, shifts: list | None = None, extra: list = (),
+           dtype: str = "float32", device: str = "cuda", seed: int = 0, kind: str = "randn") -> WorkerObject:
+    """The spec of `scaled_tensors`: e.g. a norm's (x, weight = 1 + 0.5 randn, eps) is
+    `scaled([[R, C], [C]], scales=[1, 0.5], shifts=[0, 1], extra=[1e-6])`."""
+    scales = list(scales or [1.0] * len(shapes))
+    shifts = list(shifts or [0.0] * len(shapes))
+    return WorkerObject("infracourse.grading.inputs:scaled_tensors", (shapes, scales, shifts, list(extra)),
+                        {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
+
+
+class token_batches:  # noqa: N801
+    """args(i) = kit.gpt.synthetic_batch(GPTConfig(**config), batch): a language model's (inputs, targets)."""
+
+    def __init__(self, config: dict, batch: int, device: str = "cuda", seed: int = 0):
+        from infracourse.kit.gpt import GPTConfig
+
+        self.cfg, self.batch, self.device, self.seed = GPTConfig(**config), batch, device, seed
+
+    def __call__(self, index: int) -> tuple[Any, ...]:
+        from infracourse.kit.gpt import synthetic_batch
+
+        return synthetic_batch(self.cfg, self.batch, seed=self.seed * 1_000_003 + index, device=self.device)
+
+
+def tokens(config: dict, batch: int, *, device: str = "cuda", seed: int = 0) -> WorkerObject:
+    """The spec of `token_batches` (config: a kit.gpt.GPTConfig's fields, as a dict)."""
+    return WorkerObject("infracourse.grading.inputs:token_batches", (dict(config), batch),
+                        {"device": device, "seed": seed})
+
+
 class gpt_batches:  # noqa: N801
     """args(i) = ([count kit synthetic (inputs, targets) batches],) for a GPTConfig given by its fields:
     a call that runs several training steps (week 6 times train_step this way)."""

@@ -102,8 +102,9 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
     for index, out in zip(picks, outputs):
         check(out, generate(index))
+    # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
-                        wall_per_call_s=wall_per_call, device="cuda")
+                        wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu")
 
 
 def _round_trip(worker) -> float:
@@ -122,8 +123,19 @@ def _numbers(reply: Any, keys: tuple[str, ...], label: str) -> dict[str, float]:
     return {k: float(reply[k]) for k in keys}
 
 
-def reference_time(fn: Callable[..., Any], make_args: Callable[[], tuple]) -> bench.Timing:
-    """Time the library op a lab compares with (torch.softmax, cuBLAS, ...) through the same harness."""
+def reference_time(fn: Callable[..., Any], make_args) -> bench.Timing:
+    """Time the library op a lab compares with (torch.softmax, cuBLAS, ...) here, through the same harness.
+
+    `make_args` is a callable () -> args, or the input-generator spec the learner's timing used: the
+    reference then runs on fresh inputs of the same kind, drawn here (indices the timed batch never uses)."""
+    import itertools
+
+    from infracourse.grading.inputs import build
+    from infracourse.grading.protocol import WorkerObject
+
+    if isinstance(make_args, WorkerObject):
+        generate, indices = build(make_args), itertools.count(10**6)
+        make_args = lambda: generate(next(indices))  # noqa: E731
     require_genuine_timing()
     return bench.measure(fn, make_args=make_args)
 

@@ -250,7 +250,15 @@ class Worker:
         return module
 
     def build(self, spec: WorkerObject) -> Any:
-        """Make a course object inside the worker (its args may hold learner handles): its value, or a proxy."""
+        """Build a course object (`spec.target` in infracourse.*) inside the worker, for code that must run
+        there around the learner's (a training step with their norm, a profiler around their call): its value
+        when plain data, else a RemoteObject. Learner objects among the top-level args and kwargs (RemoteObjects)
+        are passed as themselves, not as callbacks into the judge."""
+        def own(value):
+            return value._handle if isinstance(value, RemoteObject) and value._worker is self else value
+
+        spec = WorkerObject(spec.target, tuple(own(a) for a in spec.args),
+                            {k: own(v) for k, v in spec.kwargs.items()})
         return self.request("build", {"object": spec}).value
 
 
