@@ -3,23 +3,30 @@ import numpy as np
 import pytest
 import torch
 
+from infracourse.grading.remote import WorkerObject
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.data import ImageSet
 
 
 @pytest.mark.check("readers-correct")
-def test_readers_correct(loaders, root):
+def test_readers_correct(loaders, root, learner):
     spec = ImageSet()
     images, labels = spec.arrays()  # regenerated from the seed, not read from the files
     batch_size = 256
     for read in ("file", "packed"):
         for workers in (0, 2):
             what = f"make_loader(read={read!r}, batch_size={batch_size}, workers={workers})"
-            batches = list(loaders.make_loader(root, read, batch_size, workers))
+            # One epoch, iterated in the worker; the batches come back as data to check against the seed's arrays.
+            batches = learner.worker.build(WorkerObject("infracourse.kit.data:epoch",
+                                                        (loaders.make_loader(root, read, batch_size, workers),)))
+            if not isinstance(batches, list):
+                raise LabCheckFailed(f"{what} is not iterable into batches (got {type(batches).__name__})")
             if len(batches) != spec.samples // batch_size:
                 raise LabCheckFailed(f"{what} gave {len(batches)} batches for one epoch of {spec.samples} samples; "
                                      f"expected {spec.samples // batch_size} full batches")
             for i, batch in enumerate(batches):
+                if not isinstance(batch, (list, tuple)) or len(batch) != 2:
+                    raise LabCheckFailed(f"{what}, batch {i}: a batch must be (images, labels)")
                 x, y = batch
                 rows = slice(i * batch_size, (i + 1) * batch_size)
                 if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or tuple(x.shape) != (batch_size, *spec.shape):
