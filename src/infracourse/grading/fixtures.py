@@ -40,7 +40,11 @@ class Learner:
         if self.session.worker is None:
             from infracourse.grading.remote import Worker
 
-            self.session.worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
+            session = self.session
+            worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
+            worker.hung = session.hung
+            worker.on_call = lambda name: session.emit(event="calling", check=session.current, target=name)
+            session.worker = worker
         return self.session.worker
 
     def module(self, name: str):

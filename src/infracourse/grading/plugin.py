@@ -24,7 +24,7 @@ import pytest
 
 from infracourse.grading.fixtures import CHECK_KEY
 from infracourse.grading.protocol import FATAL_EXIT
-from infracourse.grading.remote import LearnerRaised, WorkerFailed
+from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.guard import LabCheckFailed
 from infracourse.syllabus import load_lab
 
@@ -39,6 +39,7 @@ def pytest_addoption(parser):
     group.addoption("--infracourse-learner", help="folder with the snapshot of the learner's files")
     group.addoption("--infracourse-events-fd", type=int, help="inherited pipe for JSON-lines check events")
     group.addoption("--infracourse-settled", default="", help="id=status pairs already settled, comma-separated")
+    group.addoption("--infracourse-hung", default="", help="learner functions that overran a limit, comma-separated")
 
 
 def pytest_configure(config):
@@ -60,6 +61,8 @@ class _Session:
         self.skip = set(self.statuses)
         self.figures: dict[str, dict] = {}
         self.worker = None  # started by the `learner` fixture on first use
+        self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
+        self.current: str | None = None  # the check running now
 
     def emit(self, **event) -> None:
         line = (json.dumps(event, default=str) + "\n").encode()
@@ -95,6 +98,7 @@ class _Session:
                 self.worker.ready()  # a worker an earlier check killed is replaced before this check's clock starts
             except WorkerFailed:
                 pass  # the check's own first call says what happened
+        self.current = check.id
         self.emit(event="start", check=check.id, t=time.time())
         unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
         if unmet:
@@ -144,6 +148,8 @@ def classify(call, report) -> tuple[str, str, bool]:
         if exc.type_name == "OutOfMemoryError":
             return "error", f"ran out of device memory: {exc.message}", False
         return "error", f"raised {str(exc)[:800]}", False
+    if isinstance(exc, LearnerHung):
+        return "error", str(exc), False
     if isinstance(exc, WorkerFailed):
         return "error", str(exc)[:1500], False
     if isinstance(exc, (AssertionError, pytest.fail.Exception)):

@@ -13,6 +13,8 @@ Three processes, each trusting only what it may:
 
 Runner <- judge events, one JSON object per line:
   {"event": "start",  "check": ID}
+  {"event": "calling", "check": ID, "target": "module.function"}   (a learner call begins: if the check then
+                                                                     overruns, the runner remembers it as hung)
   {"event": "result", "check": ID, "status": S, "message": str, "figures": {name: Figure}, "duration": s}
 
 Judge <-> worker messages (framed below, both directions):
@@ -42,7 +44,7 @@ MAX_HEADER_BYTES = 64 * 2**20
 MAX_DEPTH = 64
 WORKER_OPS = ("import", "getattr", "call", "build", "time_prepare", "time_run", "time_outputs", "backward", "release",
               "ping")
-EVENT_KINDS = ("start", "result")
+EVENT_KINDS = ("start", "calling", "result")
 STATUSES = ("passed", "failed", "error", "blocked")
 _HEADER = struct.Struct("<II")  # header length, blob count
 
@@ -372,6 +374,8 @@ def validate_event(event: Any, known_checks: set[str]) -> dict:
         raise ProtocolError(f"not a grading event: {str(event)[:120]}")
     if event.get("check") not in known_checks:
         raise ProtocolError(f"an event names check {event.get('check')!r}, which lab.yaml does not define")
+    if event["event"] == "calling" and not (isinstance(event.get("target"), str) and len(event["target"]) <= 300):
+        raise ProtocolError("a calling event names no function")
     if event["event"] == "result":
         if event.get("status") not in STATUSES:
             raise ProtocolError(f"a result has status {event.get('status')!r}")

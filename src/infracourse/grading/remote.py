@@ -39,6 +39,16 @@ class WorkerFailed(Exception):
     """The worker died, hung up, or broke the protocol: the check that was running is an `error`."""
 
 
+class LearnerHung(Exception):
+    """A learner function that overran a check's time limit earlier in this grade: not called again, so a
+    function that never returns costs one time limit, not one per check."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"{name}() did not return within an earlier check's time limit in this grade, so it was "
+                         "not called again: look for an infinite loop, a wait that never ends, or a deadlock")
+
+
 class LearnerRaised(Exception):
     """The learner's code raised inside the worker. `type_name`, `where` ('file.py:LINE: code') say what."""
 
@@ -68,6 +78,8 @@ class Worker:
         self.generation = 0  # one per worker process: a handle or graph of a dead process names nothing in the next
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
+        self.hung: set[str] = set()          # functions that overran a limit earlier in this grade
+        self.on_call: Callable[[str], None] | None = None  # told the name of each learner function called
         self.callbacks: dict[int, Callable] = {}
         self.released: list[tuple[int, int]] = []  # (generation, id) the judge dropped: freed with the next request
         self.callback_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infracourse-callback")
@@ -97,6 +109,14 @@ class Worker:
                                          start_new_session=True, preexec_fn=_die_with_parent)
         os.close(to_worker)
         os.close(from_worker)
+
+    def before_call(self, name: str) -> None:
+        """Refuse a function that hung earlier in this grade; tell the runner which function is being called
+        (so that, if this call hangs, the next judge process knows not to call it again)."""
+        if name in self.hung:
+            raise LearnerHung(name)
+        if self.on_call is not None:
+            self.on_call(name)
 
     def ready(self) -> None:
         """Start a fresh worker if the last one died and wait until it answers, so that its start-up (importing
@@ -350,6 +370,7 @@ class RemoteObject:
         """Call it in the worker; `watch={'poison': True}` also records the ops and kernels it ran."""
         import torch
 
+        self._worker.before_call(self._name())
         kwargs = kwargs or {}
         flat = list(args) + list(kwargs.values())
         needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
@@ -359,6 +380,15 @@ class RemoteObject:
         if needs_grad:
             result.value = _bridge_autograd(self._worker, result, flat)
         return result
+
+    def _name(self) -> str:
+        """'module.function' as the learner wrote it, for messages and for remembering a hang."""
+        if self._origin is None:
+            return self._raw.type_name
+        if self._origin[0] == "import":
+            return self._origin[1]
+        parent, attribute = self._origin
+        return f"{parent._name()}.{attribute}"
 
     @property
     def type_name(self) -> str:

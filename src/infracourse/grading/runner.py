@@ -69,13 +69,14 @@ def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Har
         shutil.copytree(files_dir, snapshot, ignore=IGNORED, symlinks=True)
         (work / "pytest.ini").write_text("[pytest]\n")  # keeps the project's own pytest settings out
         env = _grader_env(hardware, files_dir)
+        hung: set[str] = set()  # learner functions that overran a limit: the next judge does not call them
         log_tail = ""
         for _attempt in range(len(lab.spec.checks) + 1):
             pending = [c for c in lab.spec.checks if c.id not in settled]
             if not pending:
                 break
             log_path = work / f"judge-{_attempt}.log"
-            newly, log_tail = _run_once(lab, snapshot, log_path, work, env, settled, on_event, timeout_scale)
+            newly, log_tail = _run_once(lab, snapshot, log_path, work, env, settled, on_event, timeout_scale, hung)
             settled.update(newly)
             if not newly:
                 break  # the process settled nothing: a grader or collection error; stop retrying
@@ -119,17 +120,19 @@ def _result(check, status: str, message: str, figures: dict | None = None, secon
 
 
 def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settled: dict[str, CheckResult],
-              on_event: EventHandler | None, timeout_scale: float) -> tuple[dict[str, CheckResult], str]:
+              on_event: EventHandler | None, timeout_scale: float, hung: set[str]) -> tuple[dict[str, CheckResult], str]:
     read_fd, write_fd = os.pipe()
     command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
                "-q", "--no-header", "-p", "no:cacheprovider",
                "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-learner", str(snapshot),
                "--infracourse-events-fd", str(write_fd),
-               "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items())]
+               "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items()),
+               "--infracourse-hung", ",".join(sorted(hung))]
     known = {c.id for c in lab.spec.checks}
     newly: dict[str, CheckResult] = {}
     started: set[str] = set()
+    calling: dict[str, str] = {}  # check -> the learner function it called last
     running: tuple[str, float] | None = None
     buffer = b""
     with log_path.open("wb") as log:
@@ -146,14 +149,20 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        running = _accept(line, lab, known, started, settled, newly, running, on_event)
+                        running = _accept(line, lab, known, started, settled, newly, running, on_event, calling)
                 if running:
                     check = lab.spec.check(running[0])
                     limit = check.timeout_s * timeout_scale
                     if time.monotonic() - running[1] > limit:
                         _kill(proc)
-                        newly[check.id] = _result(check, "error", f"took longer than {limit:.0f} s and was stopped: "
-                                                  "an infinite loop, a deadlock, or work far too slow for this check")
+                        function = calling.get(check.id)
+                        if function:
+                            hung.add(function)
+                        inside = f" inside {function}()" if function else ""
+                        newly[check.id] = _result(check, "error", f"took longer than {limit:.0f} s{inside} and was "
+                                                  "stopped: an infinite loop, a deadlock, or work far too slow for this "
+                                                  "check" + (f"; {function}() is not called again in this grade"
+                                                             if function else ""))
                         if on_event:
                             on_event({"event": "result", "check": check.id, "status": "error"})
                         running = None
@@ -174,7 +183,8 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
 
 
 def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict, newly: dict,
-            running: tuple[str, float] | None, on_event: EventHandler | None) -> tuple[str, float] | None:
+            running: tuple[str, float] | None, on_event: EventHandler | None,
+            calling: dict[str, str]) -> tuple[str, float] | None:
     """Take one event line if the contract allows it; returns the check now running."""
     try:
         event = validate_event(json.loads(line), known)
@@ -183,6 +193,10 @@ def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict,
     check = lab.spec.check(event["check"])
     if check.id in settled or check.id in newly:
         return running  # settled already (blocked here, or reported once): never overwritten
+    if event["event"] == "calling":
+        if running and running[0] == check.id:
+            calling[check.id] = event["target"]
+        return running
     if event["event"] == "start":
         started.add(check.id)
         running = (check.id, time.monotonic())
