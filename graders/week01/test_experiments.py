@@ -43,17 +43,17 @@ def test_concurrency(harness, slack, record):
 
 def _loop_ns_per_element(worker, n):
     """The handout's loop_sum in the worker's interpreter (the one that runs the learner's loop), clocked here:
-    requests of 1 and 3 loops, the fastest of 9 each (short requests, so a loaded machine's preemptions miss
-    some of them); their difference is 2 loops without the round trip or the list's construction."""
+    requests of 1 and 11 loops, the fastest of 7 each (a loaded machine's preemptions miss some of them);
+    their difference is 10 loops without the round trip or the list's construction."""
     def fastest(times):
         walls = []
-        for _ in range(9):
+        for _ in range(7):
             t0 = time.perf_counter()
             worker.build(WorkerObject("infracourse.kit.workloads:loop_sums", (n, times)))
             walls.append(time.perf_counter() - t0)
         return min(walls)
 
-    return max(fastest(3) - fastest(1), 0.0) / 2 / n * 1e9
+    return max(fastest(11) - fastest(1), 0.0) / 10 / n * 1e9
 
 
 @pytest.mark.check("overhead")

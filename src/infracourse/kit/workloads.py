@@ -125,7 +125,7 @@ def loop_sums(n: int, times: int) -> int:
     """Sum a list of n floats with a Python for-loop, `times` times (the week 1 handout's loop_sum). Run in the
     grading worker and clocked by the grader at two values of `times`: the difference is the loop's own cost in
     the interpreter that runs the learner's code, without the round trip or the list's construction."""
-    values = [float(i % 97) for i in range(n)]
+    values = [0.5] * n  # cheap to build: the clocked difference is the loops, not this
     for _ in range(times):
         total = 0.0
         for v in values:
