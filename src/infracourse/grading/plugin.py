@@ -44,6 +44,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "check(id): the course check this test decides (an id from lab.yaml)")
+    config.addinivalue_line("markers", "timing: a check decided by a measured time; measured again before failing")
     lab_path = config.getoption("--infracourse-lab")
     if not lab_path:
         return
@@ -91,6 +92,23 @@ class _Session:
         if deselected:
             config.hook.pytest_deselected(items=deselected)
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem):
+        """A check decided by a time (kind performance, or marked `timing`) is measured a second time before it
+        fails: one unlucky moment on a busy machine must not fail honest code. The second verdict stands."""
+        check = self.lab.check(pyfuncitem.stash[CHECK_KEY])
+        if check.kind != "performance" and pyfuncitem.get_closest_marker("timing") is None:
+            return None  # pytest calls the test as usual
+        arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        try:
+            pyfuncitem.obj(**arguments)
+        except LabCheckFailed:
+            try:
+                pyfuncitem.obj(**arguments)
+            except LabCheckFailed as again:
+                raise LabCheckFailed(f"{again} (measured twice, both times short{_busy_note()})") from None
+        return True
+
     def pytest_runtest_setup(self, item):
         check = self.lab.check(item.stash[CHECK_KEY])
         if self.worker is not None:
@@ -128,6 +146,16 @@ class _Session:
 
 
 _DONE = pytest.StashKey[bool]()
+
+
+def _busy_note() -> str:
+    """'; this machine was busy: ...' when the CPU load exceeds its cores (other work competed for the time)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cores = os.cpu_count() or 1
+    return f"; this machine was busy: load average {load:.1f} on {cores} cores" if load > cores else ""
 
 
 def classify(call, report) -> tuple[str, str, bool]:
