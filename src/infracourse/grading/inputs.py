@@ -75,26 +75,6 @@ def scaled(shapes: list, *, scales: list | None = None, shifts: list | None = No
                         {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
 
 
-class token_batches:  # noqa: N801
-    """args(i) = kit.gpt.synthetic_batch(GPTConfig(**config), batch): a language model's (inputs, targets)."""
-
-    def __init__(self, config: dict, batch: int, device: str = "cuda", seed: int = 0):
-        from infracourse.kit.gpt import GPTConfig
-
-        self.cfg, self.batch, self.device, self.seed = GPTConfig(**config), batch, device, seed
-
-    def __call__(self, index: int) -> tuple[Any, ...]:
-        from infracourse.kit.gpt import synthetic_batch
-
-        return synthetic_batch(self.cfg, self.batch, seed=self.seed * 1_000_003 + index, device=self.device)
-
-
-def tokens(config: dict, batch: int, *, device: str = "cuda", seed: int = 0) -> WorkerObject:
-    """The spec of `token_batches` (config: a kit.gpt.GPTConfig's fields, as a dict)."""
-    return WorkerObject("infracourse.grading.inputs:token_batches", (dict(config), batch),
-                        {"device": device, "seed": seed})
-
-
 class gpt_batches:  # noqa: N801
     """args(i) = ([count kit synthetic (inputs, targets) batches],) for a GPTConfig given by its fields:
     a call that runs several training steps (week 6 times train_step this way)."""
@@ -108,3 +88,19 @@ class gpt_batches:  # noqa: N801
         cfg = GPTConfig(**self.cfg)
         first = (self.seed * 1_000_003 + index) * self.count
         return ([synthetic_batch(cfg, self.batch, seed=first + i, device=self.device) for i in range(self.count)],)
+
+
+class token_batches(gpt_batches):  # noqa: N801
+    """args(i) = one kit synthetic (inputs, targets) batch, for a call that runs one training step."""
+
+    def __init__(self, cfg: dict, batch: int, seed: int = 0, device: str = "cuda"):
+        super().__init__(cfg, batch, 1, seed=seed, device=device)
+
+    def __call__(self, index: int) -> tuple[Any, ...]:
+        return super().__call__(index)[0][0]
+
+
+def tokens(cfg: dict, batch: int, *, device: str = "cuda", seed: int = 0) -> WorkerObject:
+    """The spec of `token_batches` (cfg: a kit.gpt.GPTConfig's fields, as a dict)."""
+    return WorkerObject("infracourse.grading.inputs:token_batches", (dict(cfg), batch),
+                        {"seed": seed, "device": device})

@@ -50,16 +50,19 @@ BATCH_CALLS = 48
 
 
 def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], None],
-          bytes_moved: float = 0, flops: float = 0, ceilings=None, label: str = "your kernel") -> bench.Timing:
+          bytes_moved: float = 0, flops: float = 0, ceilings=None, label: str = "your kernel",
+          require_kernel: bool = False) -> bench.Timing:
     """Time fn on fresh inputs, verifying outputs of timed calls; fail when the timing cannot be trusted.
 
     For a learner function (a grading.remote.RemoteObject), `make_args` is a `WorkerObject` naming a course
     input generator `gen(index) -> args` (grading.inputs): the worker and the judge build the same inputs
-    from it, so the judge checks the worker's outputs against its own copy of each call's inputs."""
+    from it, so the judge checks the worker's outputs against its own copy of each call's inputs.
+    `require_kernel` (a learner's kernel timed directly) also fails timed calls that launched no Triton kernel
+    or did not pass their inputs and output through one, as the worker recorded them."""
     from infracourse.grading.remote import RemoteObject
 
     if isinstance(fn, RemoteObject):
-        timing = _timed_in_worker(fn, make_args, check, label)
+        timing = _timed_in_worker(fn, make_args, check, label, require_kernel)
     else:
         require_genuine_timing()
         timing = bench.measure(fn, make_args=make_args, check=check)
@@ -76,23 +79,25 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
     return timing
 
 
-def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: str) -> bench.Timing:
+def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: str,
+                     require_kernel: bool) -> bench.Timing:
     import random
 
     from infracourse.grading.inputs import build
 
     worker = fn._worker
     generate = build(make_args)
-    prepared = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id,
-                              calls=BATCH_CALLS).value
+    prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id, calls=BATCH_CALLS)
+    prepared = prepare.value
     stats = _numbers(prepared, ("median_s", "p10_s", "p90_s", "calls"), label)
     calls = int(stats["calls"])
     if not 2 <= calls <= BATCH_CALLS:
         raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
     rtt = min(_round_trip(worker) for _ in range(5))
     t0 = time.perf_counter()
-    ran = worker.request("time_run", hold_s=HOLD_S).value
+    run = worker.request("time_run", hold_s=HOLD_S)
     wall = time.perf_counter() - t0
+    ran = run.value
     held = _numbers(ran, ("hold_s",), label)["hold_s"]
     wall_per_call = max(wall - min(max(held, 0.0), 1.5 * HOLD_S) - min(rtt, MAX_RTT_CREDIT_S), 0.0) / calls
     draw = random.SystemRandom()  # which outputs are checked is decided only now, after the batch ran
@@ -102,9 +107,26 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
     for index, out in zip(picks, outputs):
         check(out, generate(index))
+    if require_kernel:
+        _require_kernels(label, prepare.record, run.record)
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
                         wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu")
+
+
+def _require_kernels(label: str, *records: dict) -> None:
+    """Every call of the watched warm-up pass and of the clocked batch launched a kernel given its inputs and
+    its output (the worker's records): code that computes another way when it is not watched shows here."""
+    problems = {"calls_without_kernel": "launched no Triton kernel",
+                "calls_without_data_flow": "did not pass its inputs and its output through your kernel"}
+    for record in records:
+        for key, what in problems.items():
+            count = record.get(key) if isinstance(record, dict) else None
+            if not isinstance(count, int) or isinstance(count, bool) or count:
+                raise LabCheckFailed(
+                    f"{label}: {count if isinstance(count, int) else 'some'} timed call(s) {what}. Timed calls "
+                    "must do the work the graded calls do: no cached results, no torch or host computation in "
+                    "place of your kernel.")
 
 
 def _round_trip(worker) -> float:
