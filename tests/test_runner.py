@@ -86,3 +86,120 @@ def test_missing_file_is_an_error_naming_it(tmp_path, cpu):
 def test_starter_not_implemented_is_failed_not_passed(tmp_path, cpu):
     result, checks = run(tmp_path, cpu, (FIXTURE / "labs/week01-probe/starter/probe.py").read_text())
     assert checks["answers"].status == "failed" and "not written yet" in checks["answers"].message
+
+
+# ---------------------------------------------------------------------------------------------- what the runner decides
+# Unit tests of the runner's own rules: they hold whatever a judge sends, so they take events as lines.
+import json  # noqa: E402
+
+from infracourse.grading import runner  # noqa: E402
+from infracourse.grading.results import CheckResult, GradeResult  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return Course(FIXTURE).lab("week01")
+
+
+class Channel:
+    """The runner's side of one judge process: lines in, accepted results out."""
+
+    def __init__(self, lab, settled=None):
+        self.lab, self.settled = lab, settled or {}
+        self.known = {c.id for c in lab.spec.checks}
+        self.started, self.newly, self.running, self.seen, self.calling = set(), {}, None, [], {}
+
+    def send(self, **event):
+        line = json.dumps(event).encode() if event else b"not json at all"
+        self.running = runner._accept(line, self.lab, self.known, self.started, self.settled, self.newly,
+                                      self.running, self.seen.append, self.calling)
+
+
+def test_a_result_counts_only_after_its_own_start_and_only_once(lab):
+    channel = Channel(lab)
+    channel.send(event="result", check="answers", status="passed")
+    assert "answers" not in channel.newly  # no start yet
+    channel.send(event="start", check="answers")
+    channel.send(event="result", check="answers", status="failed", message="returned 41")
+    channel.send(event="result", check="answers", status="passed")
+    channel.send(event="start", check="answers")
+    channel.send(event="result", check="answers", status="passed")
+    assert channel.newly["answers"].status == "failed" and channel.newly["answers"].message == "returned 41"
+
+
+def test_a_result_for_another_check_than_the_running_one_is_ignored(lab):
+    channel = Channel(lab)
+    channel.send(event="start", check="answers")
+    channel.send(event="result", check="survives", status="passed")
+    assert channel.newly == {} and channel.running[0] == "answers"
+
+
+@pytest.mark.parametrize("event", [
+    {"event": "start", "check": "not-in-lab-yaml"},
+    {"event": "result", "check": "not-in-lab-yaml", "status": "passed"},
+    {"event": "verdict", "check": "answers", "status": "passed"},
+    {"event": "result", "check": "answers", "status": "excellent"},
+    {"event": "result", "check": "answers", "status": "passed", "figures": ["not", "a", "mapping"]},
+    {},
+])
+def test_events_outside_the_contract_are_ignored(lab, event):
+    channel = Channel(lab)
+    channel.send(event="start", check="answers")
+    channel.send(**event)
+    assert channel.newly == {} and channel.seen == [{"event": "start", "check": "answers"}]
+
+
+def test_a_judge_result_for_a_check_the_runner_blocked_is_ignored(lab):
+    blocked = runner._result(lab.spec.check("on-gpu"), "blocked", "needs a CUDA GPU")
+    channel = Channel(lab, settled={"on-gpu": blocked})
+    channel.send(event="start", check="on-gpu")
+    channel.send(event="result", check="on-gpu", status="passed")
+    assert channel.newly == {} and channel.running is None and channel.seen == []
+
+
+def _settled(lab, **statuses):
+    return {c.id: runner._result(c, statuses.get(c.id, "passed"), "judge said so") for c in lab.spec.checks}
+
+
+@pytest.mark.parametrize("answers, fast, expected", [
+    ("passed", "passed", "passed"),
+    ("failed", "passed", "failed"),
+    ("error", "passed", "failed"),
+    ("blocked", "passed", "failed"),
+    ("failed", "error", "error"),   # the performance check's own crash is still reported as such
+])
+def test_requires_credit_is_withheld_by_the_runner(lab, answers, fast, expected):
+    settled = _settled(lab, answers=answers, fast=fast)
+    runner._withhold_unearned_credit(lab, settled)
+    assert settled["fast"].status == expected
+    if expected == "failed":
+        assert settled["fast"].message.startswith("no credit yet: answers must pass")
+    assert settled["answers"].status == answers
+
+
+def _grade(*checks):
+    return GradeResult(week="week01", tier="cpu", device="cpu", fingerprint="", started_at="", seconds=0,
+                       checks=[CheckResult(id=i, title=i, kind=kind, needs=needs, status=status)
+                               for i, kind, needs, status in checks])
+
+
+def test_complete_needs_a_correctness_check_passed_here():
+    assert _grade(("a", "correctness", "cpu", "passed"), ("g", "correctness", "cuda", "blocked")).complete
+    # every correctness check blocked (the CUDA C++ route on a CPU machine): its answers were never checked
+    only_blocked = _grade(("a", "correctness", "cuda", "blocked"), ("p", "performance", "cpu", "passed"),
+                          ("r", "report", "cpu", "passed"))
+    assert not only_blocked.complete and not only_blocked.verified_on_gpu
+    assert not _grade(("a", "correctness", "cpu", "passed"), ("e", "performance", "cpu", "error")).complete
+    assert not _grade().complete
+
+
+def test_blocked_is_decided_by_the_runner_from_its_hardware(tmp_path, cpu):
+    """The fixture's on-gpu grader fails if it ever runs: on CPU the runner settles it before any judge starts,
+    so the judge never even starts it."""
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    (folder / "probe.py").write_text(GOOD)
+    events = []
+    grade(Course(FIXTURE), "week01", folder, hardware=cpu, on_event=events.append)
+    assert {"event": "result", "check": "on-gpu", "status": "blocked"} == events[0]
+    assert not any(e.get("check") == "on-gpu" and e["event"] == "start" for e in events)
