@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from infracourse.cohort import bundle, export, gradebook, publish, regrade, release
+from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
 from infracourse.progress import ProgressError
 from infracourse.syllabus import CourseFileError
@@ -24,7 +25,8 @@ cohort_app = typer.Typer(no_args_is_help=True, help="For instructors: a gradeboo
                          "regraded on your machine, exported and published as a static site.")
 console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
-FAILURES = (regrade.UnsandboxedError, bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
+FAILURES = (regrade.UnsandboxedError, cluster.SlurmError,
+            bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
             publish.PublishError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
                             help="The gradebook file (default: gradebook.db in the current folder).")
@@ -102,21 +104,45 @@ def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
              allow_unsandboxed: bool = typer.Option(False, "--allow-unsandboxed", help="Regrade even where no "
                                                     "sandbox works (learner code then runs with your rights); "
                                                     "such results are marked unsandboxed."),
+             workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Grading processes on this "
+                                                   "machine (default: one per GPU, else 1)."),
+             slurm: bool = typer.Option(False, "--slurm", help="Run the regrade as a Slurm job array from this "
+                                        "login node (the course, this Python and the gradebook's folder must be "
+                                        "on a filesystem the nodes share)."),
+             partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition."),
+             time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit per array task."),
+             array_limit: Optional[int] = typer.Option(None, "--array-limit", min=1, help="At most this many "
+                                                       "array tasks at once."),
+             tasks: Optional[int] = typer.Option(None, "--tasks", min=1, help="Array tasks (default: one per 4 "
+                                                 "submissions, at most 500)."),
+             sbatch_arg: List[str] = typer.Option([], "--sbatch-arg", help="Passed to sbatch as is, e.g. "
+                                                  "--sbatch-arg=--gres=gpu:1 (repeatable)."),
              gradebook_file: Path = GradebookOpt):
     """Re-run the graders on this machine for each learner's newest submission; mark the results verified."""
+    options = None
+    if slurm:
+        options = cluster.SlurmOptions(partition=partition, time=time_limit, array_limit=array_limit, tasks=tasks,
+                                       sbatch_args=list(sbatch_arg))
+    elif partition or time_limit or array_limit or tasks or sbatch_arg:
+        err.print("[red]error:[/red] --partition, --time, --array-limit, --tasks and --sbatch-arg need --slurm")
+        raise typer.Exit(2)
     with _reported():
         done = regrade.regrade(gradebook.Gradebook(gradebook_file), Course(), week=week, learner=learner,
-                               again=again, allow_unsandboxed=allow_unsandboxed,
-                               on_submission=lambda s: err.print(f"[dim]regrading {s.learner} "
-                                                                              f"{s.week}[/dim]"))
+                               again=again, allow_unsandboxed=allow_unsandboxed, workers=workers, slurm=options,
+                               on_submission=lambda s: err.print(f"[dim]regrading {s.learner} {s.week}[/dim]"),
+                               on_note=lambda note: err.print(f"[yellow]{escape(note)}[/yellow]"))
     table = Table(title=f"regraded {len(done)} submission(s)")
     for column in ("learner", "week", "self-reported", "verified", "disagreements"):
         table.add_column(column, overflow="fold")
     for r in done:
-        table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported),
-                      _passed(r.verified) + ("" if r.verified.sandboxed else " (unsandboxed)"),
-                      export.describe(r.disagreements))
+        verified = f"error: {r.error}" if r.error else _passed(r.verified)
+        table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported) if r.self_reported else "",
+                      verified + ("" if r.verified.sandboxed else " (unsandboxed)"), export.describe(r.disagreements))
     console.print(table)
+    errors = [r for r in done if r.error]
+    if errors:
+        console.print(f"[red]{len(errors)} submission(s) could not be graded[/red] (recorded as error; the others "
+                      "were graded). Fix the cause, then `cohort regrade --again --learner ID --week W`.")
 
 
 @cohort_app.command("export")
