@@ -148,7 +148,7 @@ MALFORMED = {
     "manifest not json": (lambda p, g: rezip(p, {**members(g), "manifest.json": b"{learner: ada"}), "manifest",
                           "manifest.json is malformed"),
     "manifest lacks learner": (lambda p, g: rezip(p, _manifest(g, learner=None)), "manifest", "learner: Field required"),
-    "manifest from the future": (lambda p, g: rezip(p, _manifest(g, format_version=2)), "manifest", "format_version"),
+    "manifest from the future": (lambda p, g: rezip(p, _manifest(g, format_version=3)), "manifest", "format_version"),
     "learner id with a slash": (lambda p, g: rezip(p, _manifest(g, learner="../ada")), "manifest", "learner"),
     "changed file": (lambda p, g: rezip(p, {**members(g), "files/answer.py": b"def answer():\n    return 41\n"}),
                      "hash", "files/answer.py does not match its sha256"),

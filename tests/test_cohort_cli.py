@@ -41,7 +41,8 @@ def run(*args):
 def test_each_command_passes_its_arguments_through(calls, tmp_path):
     assert run("cohort", "import", "a.zip", "b.zip", "--keep-going").exit_code == 0
     (book, paths, _course), kwargs = calls["import"]
-    assert book.path == Path("gradebook.db") and paths == [Path("a.zip"), Path("b.zip")] and kwargs["keep_going"]
+    assert book.path == Path("gradebook.db") and list(paths) == [Path("a.zip"), Path("b.zip")] and kwargs["keep_going"]
+    assert kwargs["require_roster"] and kwargs["received_at"] is None
     assert run("cohort", "regrade", "--week", "7", "--learner", "ada", "--again", "-g", "other.db").exit_code == 0
     (book, _course), kwargs = calls["regrade"]
     assert book.path == Path("other.db") and (kwargs["week"], kwargs["learner"], kwargs["again"]) == ("7", "ada", True)
@@ -57,10 +58,12 @@ def test_each_command_passes_its_arguments_through(calls, tmp_path):
 def test_submit_prints_the_bundle_path_and_nothing_else(calls, tmp_path, monkeypatch):
     (tmp_path / "ws" / ".infracourse").mkdir(parents=True)
     (tmp_path / "ws" / ".infracourse" / "config.yaml").write_text("format_version: 1\n")
-    out = runner.invoke(app, ["submit", "w7", "--learner", "ada"], env={"INFRACOURSE_WORKSPACE": str(tmp_path / "ws")})
+    out = runner.invoke(app, ["submit", "w7", "--learner", "ada", "--secret-file", "ada.secret"],
+                        env={"INFRACOURSE_WORKSPACE": str(tmp_path / "ws")})
     assert out.exit_code == 0 and out.output == f"{tmp_path / 'week07-1.zip'}\n"
     (workspace, _course, week), kwargs = calls["submit"]
-    assert workspace.root == tmp_path / "ws" and week == "w7" and kwargs == {"learner": "ada"}
+    assert workspace.root == tmp_path / "ws" and week == "w7"
+    assert kwargs == {"learner": "ada", "secret_file": Path("ada.secret")}
 
 
 def test_rejections_set_the_exit_code(calls, monkeypatch):
@@ -82,3 +85,18 @@ def test_failures_name_the_file_and_the_fix(tmp_path, monkeypatch):
     assert out.exit_code == 2 and "grades.xlsx: name the file .csv" in out.output
     out = run("cohort", "regrade", "--week", "99")
     assert out.exit_code == 2 and "'99' is not a week" in out.output
+
+
+def test_import_expands_folders_and_quoted_globs_itself(calls, tmp_path):
+    """`cohort import 'inbox/*.zip'` or `cohort import inbox/`: the shell never sees 5,000 x 24 names."""
+    for name in ("b.zip", "a.zip", "sub/c.zip", "notes.txt"):
+        (tmp_path / "inbox" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "inbox" / name).write_text("")
+    assert run("cohort", "import", "inbox/*.zip", "--unsigned", "--received-at", "2026-02-02T10:00:00Z").exit_code == 0
+    (_book, paths, _course), kwargs = calls["import"]
+    assert list(paths) == [Path("inbox/a.zip"), Path("inbox/b.zip")]
+    assert not kwargs["require_roster"] and kwargs["received_at"] == "2026-02-02T10:00:00Z"
+    assert run("cohort", "import", "inbox").exit_code == 0
+    assert list(calls["import"][0][1]) == [Path("inbox/a.zip"), Path("inbox/b.zip"), Path("inbox/sub/c.zip")]
+    out = run("cohort", "import", "inbox", "--received-at", "yesterday")
+    assert out.exit_code == 2 and "not a time" in out.output

@@ -1,19 +1,24 @@
 """A submission bundle: what `infracourse submit weekNN` writes and what `infracourse cohort import` reads.
 
-Layout of `<workspace>/submissions/weekNN-<UTC timestamp>.zip` (format_version 1):
-  manifest.json    `Manifest`: learner, week, versions, device + environment, calibrated ceilings, and the
-                   sha256 and size of every other member
+Layout of `<workspace>/submissions/weekNN-<UTC timestamp>.zip` (format_version 2; 1 is read, unsigned):
+  manifest.json    `Manifest`: learner, week, versions, device + environment, calibrated ceilings, the
+                   sha256 and size of every other member, and `signature`: HMAC-SHA256 under the learner's
+                   secret (issued by the instructor, `cohort.roster`) over all of the above, so neither the
+                   learner id nor any file can be changed without that secret
   results.json     the learner's last grade of the week (`GradeResult.as_dict()`): self-reported
   files/<name>     the week folder as the grader sees it (caches, backups and plots left out)
 
 `read_bundle` trusts nothing in a bundle: size, zip structure, member names, manifest, hashes, week and
 results are checked in that order, and the first fault becomes a `BundleError` naming the file, what is
-wrong and what to do. Duplicates are the gradebook's to find (it knows what it already holds).
+wrong and what to do. Duplicates and signatures are the gradebook's to check (it holds what was imported and
+the roster's secrets); `check_claims` refuses self-reported results no grader could have produced.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
+import math
 import json
 import os
 import stat
@@ -35,13 +40,15 @@ from infracourse.hardware import Hardware, cached_ceilings, detect
 from infracourse.syllabus import WEEK_ID
 from infracourse.workspace import Workspace
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: signed
 MANIFEST = "manifest.json"
 RESULTS = "results.json"
 FILES = "files/"
 MAX_BUNDLE_BYTES = 16 * 2**20  # the zip as stored
 MAX_UNPACKED_BYTES = 64 * 2**20  # all members unpacked: a zip bomb stops here
 MAX_MEMBERS = 1000
+NONNEGATIVE_UNITS = {"s", "ms", "us", "µs", "ns", "GB/s", "TFLOP/s", "samples/s", "tokens/s", "B", "%"}
+MAX_FRACTION_OF_CEILING = 1.5  # past the device's calibrated ceiling by half: no kernel does that, a forgery does
 LEARNER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
 SHA256 = r"^[0-9a-f]{64}$"
 _GRADE = TypeAdapter(GradeResult)  # types and statuses of results.json, checked field by field
@@ -55,6 +62,9 @@ class BundleError(Exception):
         self.source, self.kind, self.reason = str(source), kind, reason
         super().__init__(f"{source}: {reason}")
 
+    def __reduce__(self):  # crosses from an import's validating processes whole
+        return type(self), (self.source, self.kind, self.reason)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -66,7 +76,7 @@ class FileEntry(_Strict):
 
 
 class Manifest(_Strict):
-    format_version: Literal[1] = Field(description="Bumped when a field changes meaning.")
+    format_version: Literal[1, 2] = Field(description="Bumped when a field changes meaning (2: signed).")
     kind: Literal["infracourse-submission"] = "infracourse-submission"
     learner: str = Field(pattern=LEARNER_ID, description="The learner's id (workspace config `learner:` or --learner).")
     week: str = Field(pattern=WEEK_ID.pattern, description="weekNN of the submitted lab.")
@@ -78,6 +88,20 @@ class Manifest(_Strict):
     ceilings: dict | None = Field(description="The learner's calibrated ceilings (copy_gbps, matmul_tflops); "
                                               "null on a machine without a GPU.")
     files: dict[str, FileEntry] = Field(description="Every other member of the zip, by name.")
+    signature: str | None = Field(None, pattern=SHA256, description="HMAC-SHA256 (hex) of `signed_bytes()` "
+                                  "under the learner's secret; null when submitted without one.")
+
+    def signed_bytes(self) -> bytes:
+        """What the signature covers: every field but the signature (so every file's hash), canonically."""
+        body = self.model_dump(exclude={"signature"})
+        return b"infracourse-submission\0" + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def signed_by(self, key: bytes) -> bool:
+        return self.signature is not None and hmac.compare_digest(self.signature, sign(self, key))
+
+
+def sign(manifest: Manifest, key: bytes) -> str:
+    return hmac.new(key, manifest.signed_bytes(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -93,11 +117,23 @@ class Bundle:
 
 # ---------------------------------------------------------------- writing
 def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner: str | None = None,
-           hardware: Hardware | None = None) -> Path:
-    """Bundle a week's files with its last grade; returns `<workspace>/submissions/weekNN-<timestamp>.zip`."""
+           hardware: Hardware | None = None, secret_file: Path | None = None) -> Path:
+    """Bundle a week's files with its last grade, signed with the learner's secret (`secret_file`, else
+    `secret:` in the workspace config; none: unsigned, which a gradebook with a roster refuses); returns
+    `<workspace>/submissions/weekNN-<timestamp>.zip`."""
     week = course.week(week_ref)
     lab = course.lab(week)
-    who = learner or _configured_learner(workspace)
+    config = _config(workspace)
+    secret = _secret(workspace, config, secret_file)
+    who = learner or config.get("learner") or (secret and secret[0])
+    if not who:
+        raise BundleError(workspace.meta / "config.yaml", "submit", "no learner id: pass `--learner ID` (your "
+                          "course login or e-mail), add a line `learner: ID` to this file, or pass the secret file "
+                          "your instructor sent (`--secret-file FILE`)")
+    who = str(who)
+    if secret and secret[0] != who:
+        raise BundleError(secret_file or workspace.meta / "config.yaml", "submit", f"this secret was issued to "
+                          f"{secret[0]!r}, not {who!r}: use your own secret file, or fix your learner id")
     result = workspace.progress.last_grade(week.id)
     if result is None:
         raise BundleError(workspace.root, "submit", f"{week.id} has no grade yet: run `infracourse grade {week.id}` "
@@ -126,16 +162,19 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
     while path.exists():
         n += 1
         path = out / f"{stem}-{n}.zip"
-    return write_bundle(path, fields, files, result.as_dict())
+    return write_bundle(path, fields, files, result.as_dict(), key=secret and secret[1])
 
 
-def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dict) -> Path:
-    """Write a bundle atomically from manifest fields (all but `files`), learner files and results."""
+def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dict, *, key: bytes | None = None) -> Path:
+    """Write a bundle atomically from manifest fields (all but `files`), learner files and results, signed
+    with `key` (the learner's secret) when given."""
     members = {FILES + name: data for name, data in sorted(files.items())}
     members[RESULTS] = json.dumps(results, indent=1, sort_keys=True).encode()
     entries = {name: FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
                for name, data in members.items()}
     manifest = Manifest(format_version=FORMAT_VERSION, files=entries, **fields)
+    if key:
+        manifest.signature = sign(manifest, key)
     part = path.with_name(path.name + ".part")
     with zipfile.ZipFile(part, "w") as zf:
         for name, data in {MANIFEST: manifest.model_dump_json(indent=1).encode(), **members}.items():
@@ -171,19 +210,31 @@ def graders_digest(lab: LabDir) -> str:
     return digest.hexdigest()
 
 
-def _configured_learner(workspace: Workspace) -> str:
+def _config(workspace: Workspace) -> dict:
     config = workspace.meta / "config.yaml"
     try:
-        who = (yaml.safe_load(config.read_text()) or {}).get("learner")
+        data = yaml.safe_load(config.read_text()) if config.exists() else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         raise BundleError(config, "submit", f"not valid YAML ({where}{getattr(exc, 'problem', exc)}); fix it or "
                           "pass --learner ID") from None
-    if not who:
-        raise BundleError(config, "submit", "no learner id: pass `--learner ID` (your course login or e-mail) "
-                          "or add a line `learner: ID` to this file")
-    return str(who)
+    return data if isinstance(data, dict) else {}
+
+
+def _secret(workspace: Workspace, config: dict, secret_file: Path | None) -> tuple[str, bytes] | None:
+    """(learner, key) from `--secret-file` or the config's `secret:` line; None when neither is given."""
+    from infracourse.cohort.roster import RosterError, parse_secret
+
+    where: Path = secret_file or workspace.meta / "config.yaml"
+    try:
+        text = Path(secret_file).read_text() if secret_file else config.get("secret")
+        return parse_secret(str(text)) if text else None
+    except OSError as exc:
+        raise BundleError(where, "submit", f"cannot be read ({exc.strerror}); pass the file your instructor "
+                          "sent") from None
+    except RosterError as exc:
+        raise BundleError(where, "submit", str(exc)) from None
 
 
 # ---------------------------------------------------------------- reading
@@ -293,6 +344,45 @@ def _results(data: bytes, manifest: Manifest, source: str) -> GradeResult:
         raise BundleError(source, "manifest", f"{RESULTS} grades {result.week} but {MANIFEST} says "
                           f"{manifest.week}; {RESEND}")
     return result
+
+
+def check_claims(bundle: Bundle, check_ids: set[str]) -> None:
+    """Refuse a self-reported result no grader of this course could have written: a check id lab.yaml lacks
+    (or twice), a GPU check passed on a machine the manifest says has none, a negative time or figure, a figure
+    past MAX_FRACTION_OF_CEILING of its device's ceiling. The result is still only a claim after this."""
+    seen: set[str] = set()
+    gpu = bool(bundle.manifest.environment.get("gpu_count"))
+
+    def refuse(reason: str):
+        raise BundleError(bundle.source, "claims", f"{RESULTS}: {reason}; this result was not made by the course's "
+                          f"graders. {RESEND}")
+
+    if not _nonnegative(bundle.results.seconds):
+        refuse(f"grade time {bundle.results.seconds!r} s is not a non-negative number")
+    for check in bundle.results.checks:
+        if check.id not in check_ids:
+            refuse(f"check {check.id!r} is not in the week's lab.yaml ({', '.join(sorted(check_ids))})")
+        if check.id in seen:
+            refuse(f"check {check.id!r} appears twice")
+        seen.add(check.id)
+        if check.needs not in ("cpu", "") and check.status == "passed" and not gpu:
+            refuse(f"check {check.id!r} needs {check.needs} but passed on a machine without a GPU")
+        if not _nonnegative(check.seconds):
+            refuse(f"check {check.id!r} took {check.seconds!r} s")
+        for name, figure in check.figures.items():
+            if not isinstance(figure, dict):
+                refuse(f"figure {check.id}/{name} is not a recorded figure")
+            value, unit = figure.get("value"), str(figure.get("unit") or "")
+            if unit in NONNEGATIVE_UNITS and not _nonnegative(value):  # other figures may be signed, or NaN
+                refuse(f"figure {check.id}/{name} = {value!r} {unit}: a time or rate is never negative")
+            share = figure.get("fraction_of_ceiling")
+            if share is not None and not (_nonnegative(share) and share <= MAX_FRACTION_OF_CEILING):
+                refuse(f"figure {check.id}/{name} claims {share!r} of its device's ceiling (at most "
+                       f"{MAX_FRACTION_OF_CEILING} is physically possible)")
+
+
+def _nonnegative(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _problems(exc: ValidationError) -> str:

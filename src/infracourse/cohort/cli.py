@@ -4,9 +4,10 @@ Wired into the `infracourse` app by infracourse.cli; the functions they call liv
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -14,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from infracourse.cohort import bundle, export, gradebook, publish, regrade, release
+from infracourse.cohort import bundle, deadlines, export, gradebook, publish, regrade, release, roster, similarity
 from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
 from infracourse.progress import ProgressError
@@ -25,7 +26,7 @@ cohort_app = typer.Typer(no_args_is_help=True, help="For instructors: a gradeboo
                          "regraded on your machine, exported and published as a static site.")
 console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
-FAILURES = (regrade.UnsandboxedError, cluster.SlurmError,
+FAILURES = (regrade.UnsandboxedError, cluster.SlurmError, roster.RosterError, deadlines.DeadlineError,
             bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
             publish.PublishError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
@@ -57,10 +58,14 @@ def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
                    learner: Optional[str] = typer.Option(None, "--learner", help="Your id (default: `learner:` in "
                                                          "the workspace's .infracourse/config.yaml)."),
                    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w",
-                                                            help="Workspace folder (default: found from here).")):
-    """Bundle a week's files with your last grade and this machine's facts, for your instructor."""
+                                                            help="Workspace folder (default: found from here)."),
+                   secret_file: Optional[Path] = typer.Option(None, "--secret-file", help="The secret your "
+                                                              "instructor sent you (default: `secret:` in the "
+                                                              "workspace's .infracourse/config.yaml); it signs the "
+                                                              "bundle so no one else can submit as you.")):
+    """Bundle a week's files with your last grade and this machine's facts, signed, for your instructor."""
     with _reported():
-        path = bundle.submit(Workspace.find(workspace), Course(), week, learner=learner)
+        path = bundle.submit(Workspace.find(workspace), Course(), week, learner=learner, secret_file=secret_file)
     print(path)
 
 
@@ -74,17 +79,86 @@ def init(gradebook_file: Path = GradebookOpt):
                   "Next: infracourse cohort import BUNDLE.zip ...")
 
 
+roster_app = typer.Typer(no_args_is_help=True, help="Who is enrolled, and the secret each learner signs with.")
+cohort_app.add_typer(roster_app, name="roster")
+
+
+@roster_app.command("import")
+def roster_import(csv_file: Path = typer.Argument(..., help="CSV with a header row: id, name, email (optional: "
+                                                   "sis_user_id, sis_login_id, section, canvas_id, idnumber)."),
+                  gradebook_file: Path = GradebookOpt):
+    """Add learners (each new one is issued a secret) and update known ones; secrets never change here."""
+    with _reported():
+        added, updated = gradebook.Gradebook(gradebook_file).import_roster(roster.read_roster(csv_file))
+    console.print(f"roster: {added} learner(s) added, {updated} updated. Next: infracourse cohort roster secrets "
+                  "--out DIR, and send each learner their DIR/ID.secret")
+
+
+@roster_app.command("secrets")
+def roster_secrets(out: Path = typer.Option(..., "--out", help="New folder: one ID.secret per learner and "
+                                            "secrets.csv (for a mail merge). Keep it private."),
+                   gradebook_file: Path = GradebookOpt):
+    """Write each learner's secret; they pass theirs to `infracourse submit --secret-file`."""
+    with _reported():
+        written = roster.write_secrets(gradebook.Gradebook(gradebook_file).roster(), out)
+    console.print(escape(f"wrote {len(written)} secret file(s) and secrets.csv to {out}"))
+
+
+@roster_app.command("list")
+def roster_list(gradebook_file: Path = GradebookOpt):
+    """The roster (without secrets)."""
+    with _reported():
+        entries = gradebook.Gradebook(gradebook_file).roster()
+    table = Table(title=f"{len(entries)} learner(s)")
+    for column in ("id", "name", "email", "section"):
+        table.add_column(column, overflow="fold")
+    for learner, _ in entries:
+        table.add_row(learner.id, learner.name, learner.email, learner.section)
+    console.print(table)
+
+
+def bundle_paths(sources: List[str]) -> tuple[int, "Iterator[Path]"]:
+    """(count, paths) of the bundles named: files, folders (every .zip below, by name) and glob patterns the
+    tool expands itself (quote them: `cohort import 'inbox/*.zip'` never meets the shell's argument limit)."""
+    import glob
+
+    def expand():
+        for source in sources:
+            if any(ch in source for ch in "*?["):
+                yield from sorted(Path(p) for p in glob.iglob(source, recursive=True) if p.endswith(".zip"))
+            elif Path(source).is_dir():
+                yield from sorted(Path(source).rglob("*.zip"))
+            else:
+                yield Path(source)
+
+    return sum(1 for _ in expand()), expand()
+
+
 @cohort_app.command("import")
-def import_(bundles: List[Path] = typer.Argument(..., help="Submission .zip files."),
+def import_(bundles: List[str] = typer.Argument(..., help="Submission .zip files, folders of them, or quoted "
+                                                "glob patterns ('inbox/*.zip')."),
             keep_going: bool = typer.Option(False, "--keep-going", help="Record the valid bundles even if "
                                             "others are rejected (default: all or nothing)."),
+            received_at: Optional[str] = typer.Option(None, "--received-at", help="When these bundles reached "
+                                                      "you, UTC (2026-02-02T23:59:00Z), if before now (e.g. an "
+                                                      "LMS download): lateness is judged on it."),
+            unsigned: bool = typer.Option(False, "--unsigned", help="No roster: accept learner ids as the bundles "
+                                          "claim them."),
+            jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="Processes reading and checking bundles "
+                                               "(default: one per CPU for 500 bundles or more, else 1)."),
             gradebook_file: Path = GradebookOpt):
     """Validate bundles and record them; each bad one is rejected with its reason."""
+    if received_at is not None and deadlines._when(received_at) is None:
+        err.print(f"[red]error:[/red] --received-at {escape(received_at)!r} is not a time like 2026-02-02T23:59:00Z")
+        raise typer.Exit(2)
     with _reported():
         book, course = gradebook.Gradebook(gradebook_file), Course()
+        count, paths = bundle_paths(bundles)
         with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
-            task = bar.add_task("import", total=len(bundles))
-            report = book.import_bundles(bundles, course, keep_going=keep_going,
+            task = bar.add_task("import", total=count)
+            report = book.import_bundles(paths, course, keep_going=keep_going, received_at=received_at,
+                                         require_roster=not unsigned,
+                                         jobs=jobs or (min(4, os.cpu_count() or 1) if count >= 500 else 1),
                                          on_bundle=lambda path, problem: bar.advance(task))
     for problem in report.rejected:
         console.print(f"[red]rejected[/red] {escape(str(problem))}")
@@ -146,11 +220,38 @@ def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
 
 
 @cohort_app.command("export")
-def export_(out: Path = typer.Option(..., "--out", help="FILE.csv or FILE.json"), gradebook_file: Path = GradebookOpt):
-    """One row per learner x week: checks passed, verified, disagreements, best figures."""
+def export_(out: Path = typer.Option(..., "--out", help="FILE.csv or FILE.json"),
+            format: Optional[str] = typer.Option(None, "--format", help="csv, json (default: by the file's "
+                                                 "suffix), canvas or moodle (an LMS grade-import CSV)."),
+            gradebook_file: Path = GradebookOpt):
+    """One row per learner x week: checks passed, verified, disagreements, best figures, lateness, points."""
     with _reported():
-        path = export.export(gradebook.Gradebook(gradebook_file), Course(), out)
+        path = export.export(gradebook.Gradebook(gradebook_file), Course(), out, format=format)
     console.print(escape(f"wrote {path}"))
+
+
+@cohort_app.command("similar")
+def similar_(week: Optional[str] = typer.Option(None, "--week", help="Only this week."),
+             threshold: float = typer.Option(0.8, "--threshold", min=0.1, max=1.0, help="Share of the smaller "
+                                             "submission's fingerprints two must share to be listed as near."),
+             out: Optional[Path] = typer.Option(None, "--out", help="Also write the matches to FILE.csv."),
+             gradebook_file: Path = GradebookOpt):
+    """Identical and near-identical submissions of the same week (for you only: never published)."""
+    from infracourse.syllabus import normalise_week
+
+    with _reported():
+        matches = similarity.similar(gradebook.Gradebook(gradebook_file), Course(),
+                                     week=week and normalise_week(week), threshold=threshold)
+        if out:
+            similarity.write_csv(matches, out)
+    table = Table(title=f"{len(matches)} match(es): a reason to look, not a verdict")
+    for column in ("week", "kind", "score", "learners", "detail"):
+        table.add_column(column, overflow="fold")
+    for m in matches:
+        table.add_row(m.week, m.kind, f"{m.score:.0%}", " ".join(m.learners), m.detail)
+    console.print(table)
+    if out:
+        console.print(escape(f"wrote {out}"))
 
 
 @cohort_app.command("publish")

@@ -1,9 +1,14 @@
 """The instructor's gradebook: one SQLite file, the one owner of what a cohort handed in and how it graded.
 
-On-disk format (`PRAGMA user_version` = SCHEMA_VERSION):
+On-disk format (`PRAGMA user_version` = SCHEMA_VERSION; a version-1 gradebook is migrated when opened):
   meta(key, value)                 course title, created_at, pseudonym_key (for `publish --pseudonyms`)
+  roster(learner PRIMARY KEY, name, email, sis_user_id, sis_login_id, section, canvas_id, idnumber, secret,
+         added_at)                 who is enrolled and the key their bundles are signed with (cohort.roster)
   submissions(id, bundle_id UNIQUE, learner, week, submitted_at, imported_at, source, infracourse_version,
-              graders_sha256, manifest_json, bundle)        the bundle's zip is kept, byte for byte
+              graders_sha256, manifest_json, bundle, received_at, signed)   the bundle's zip is kept, byte
+              for byte; `submitted_at` is the learner's claim, `received_at` the gradebook's own clock (or
+              the instructor's `--received-at`): only the latter orders submissions and judges lateness;
+              `signed` 1 when the bundle's signature was checked against the roster
   results(id, submission_id, origin 'self'|'verified', graded_at, tier, device, fingerprint, passed, total,
           complete, verified_on_gpu, environment_json, ceilings_json, disagreements_json, result_json)
           'self' comes from the bundle; 'verified' from `cohort regrade` on the instructor's machine
@@ -11,11 +16,14 @@ On-disk format (`PRAGMA user_version` = SCHEMA_VERSION):
           ceilings of the device that measured them (cohort.performance)
 Every change is one transaction: an import is all of its accepted bundles or nothing, a regrade result is
 whole or absent, so a crash or kill -9 at any moment leaves the gradebook as it was before that change.
+An import streams: one bundle is read, checked and written at a time (SQLite spills the open transaction
+to disk), so its memory does not grow with the number of bundles.
 """
 from __future__ import annotations
 
 import json
 import secrets
+from collections import deque
 import sqlite3
 import time
 from contextlib import closing, contextmanager
@@ -23,19 +31,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from infracourse.cohort.bundle import Bundle, BundleError, read_bundle
+from infracourse.cohort.bundle import Bundle, BundleError, check_claims, read_bundle
 from infracourse.cohort.performance import MEASURED, normalised
+from infracourse.cohort.roster import Learner, new_key
 from infracourse.course import Course
 from infracourse.grading.results import GradeResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_FILE = "gradebook.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS submissions (
     id INTEGER PRIMARY KEY, bundle_id TEXT NOT NULL UNIQUE, learner TEXT NOT NULL, week TEXT NOT NULL,
     submitted_at TEXT NOT NULL, imported_at TEXT NOT NULL, source TEXT NOT NULL, infracourse_version TEXT NOT NULL,
-    graders_sha256 TEXT NOT NULL, manifest_json TEXT NOT NULL, bundle BLOB NOT NULL);
+    graders_sha256 TEXT NOT NULL, manifest_json TEXT NOT NULL, bundle BLOB NOT NULL, received_at TEXT NOT NULL,
+    signed INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS submissions_by_week ON submissions (week, learner, submitted_at);
 CREATE TABLE IF NOT EXISTS results (
     id INTEGER PRIMARY KEY, submission_id INTEGER NOT NULL REFERENCES submissions(id),
@@ -47,7 +57,24 @@ CREATE INDEX IF NOT EXISTS results_by_submission ON results (submission_id, orig
 CREATE TABLE IF NOT EXISTS figures (
     result_id INTEGER NOT NULL REFERENCES results(id), check_id TEXT NOT NULL, name TEXT NOT NULL,
     value REAL NOT NULL, unit TEXT NOT NULL, normalised REAL, PRIMARY KEY (result_id, check_id, name));
+""" + """
+CREATE TABLE IF NOT EXISTS roster (
+    learner TEXT PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL, sis_user_id TEXT NOT NULL,
+    sis_login_id TEXT NOT NULL, section TEXT NOT NULL, canvas_id TEXT NOT NULL, idnumber TEXT NOT NULL,
+    secret TEXT NOT NULL, added_at TEXT NOT NULL);
 """
+MIGRATIONS = {  # from version N to N + 1, run in one transaction when an older gradebook is opened
+    1: """
+ALTER TABLE submissions ADD COLUMN received_at TEXT NOT NULL DEFAULT '';
+UPDATE submissions SET received_at = imported_at;
+ALTER TABLE submissions ADD COLUMN signed INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS roster (
+    learner TEXT PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL, sis_user_id TEXT NOT NULL,
+    sis_login_id TEXT NOT NULL, section TEXT NOT NULL, canvas_id TEXT NOT NULL, idnumber TEXT NOT NULL,
+    secret TEXT NOT NULL, added_at TEXT NOT NULL);
+""",
+}
+ROSTER_FIELDS = ("name", "email", "sis_user_id", "sis_login_id", "section", "canvas_id", "idnumber")
 
 OnBundle = Callable[[str, "BundleError | None"], None]
 
@@ -56,9 +83,18 @@ class GradebookError(Exception):
     """The gradebook cannot be used; the message names the file and the fix."""
 
 
+@dataclass(frozen=True)
+class Imported:
+    """What the report keeps of an imported bundle (not its bytes: an import of any size fits in memory)."""
+    source: str
+    learner: str
+    week: str
+    signed: bool
+
+
 @dataclass
 class ImportReport:
-    imported: list[Bundle] = field(default_factory=list)
+    imported: list[Imported] = field(default_factory=list)
     rejected: list[BundleError] = field(default_factory=list)
     committed: bool = False  # False: the gradebook is exactly as it was before
 
@@ -85,9 +121,21 @@ class Gradebook:
         except sqlite3.DatabaseError as exc:
             raise GradebookError(f"{self.path} is not a gradebook ({exc}); point --gradebook at the file "
                                  "`infracourse cohort init` made") from None
-        if version != SCHEMA_VERSION or "submissions" not in tables:
+        if not (1 <= version <= SCHEMA_VERSION) or "submissions" not in tables:
             raise GradebookError(f"{self.path} is not a gradebook of this infracourse (schema {version}, expected "
                                  f"{SCHEMA_VERSION}); use the infracourse version that made it")
+        if version < SCHEMA_VERSION:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older gradebook to SCHEMA_VERSION in one transaction (a kill leaves the old one)."""
+        with self._transaction() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]  # re-read under the lock
+            while version < SCHEMA_VERSION:
+                for statement in filter(str.strip, MIGRATIONS[version].split(";")):
+                    db.execute(statement)
+                version += 1
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @classmethod
     def create(cls, path: Path, course: Course) -> "Gradebook":
@@ -130,29 +178,70 @@ class Gradebook:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    # ------------------------------------------------------------ roster
+    def import_roster(self, learners: list[Learner]) -> tuple[int, int]:
+        """Add new learners (each issued a secret) and update the details of known ones; a learner's secret
+        never changes here. Returns (added, updated)."""
+        added = updated = 0
+        with self._transaction() as db:
+            for learner in learners:
+                details = tuple(getattr(learner, f) for f in ROSTER_FIELDS)
+                if db.execute("SELECT 1 FROM roster WHERE learner = ?", (learner.id,)).fetchone():
+                    db.execute(f"UPDATE roster SET {', '.join(f + ' = ?' for f in ROSTER_FIELDS)} WHERE learner = ?",
+                               (*details, learner.id))
+                    updated += 1
+                else:
+                    db.execute(f"INSERT INTO roster (learner, {', '.join(ROSTER_FIELDS)}, secret, added_at) VALUES "
+                               f"({', '.join('?' * (len(ROSTER_FIELDS) + 3))})", (learner.id, *details, new_key(), _now()))
+                    added += 1
+        return added, updated
+
+    def roster(self) -> list[tuple[Learner, str]]:
+        """(learner, secret key hex) of everyone on the roster, by id."""
+        with closing(self._connect()) as db:
+            rows = db.execute(f"SELECT learner, {', '.join(ROSTER_FIELDS)}, secret FROM roster ORDER BY learner")
+            return [(Learner(*row[:-1]), row[-1]) for row in rows]
+
     # ------------------------------------------------------------ import
     def import_bundles(self, paths: Iterable[Path], course: Course, *, keep_going: bool = False,
-                       on_bundle: OnBundle | None = None) -> ImportReport:
-        """Validate each bundle and record the good ones in one transaction.
+                       on_bundle: OnBundle | None = None, received_at: str | None = None,
+                       require_roster: bool = False, jobs: int = 1) -> ImportReport:
+        """Validate each bundle and record the good ones in one transaction, streaming (one bundle in memory
+        at a time; `paths` may be a generator).
 
-        Any rejection leaves the gradebook exactly as it was, unless `keep_going`: then the valid bundles
-        are recorded and the rejected ones only reported."""
+        With a roster, a bundle is refused unless its learner is on it and it is signed with that learner's
+        secret; without one, ids are taken as claimed (`require_roster` refuses that). Self-reported results
+        no grader could produce are refused (`bundle.check_claims`). `received_at` (UTC, ISO 8601; default:
+        now) is recorded as when the gradebook received the batch. Any rejection leaves the gradebook exactly
+        as it was, unless `keep_going`: then the valid bundles are recorded and the rejected ones only
+        reported. `jobs` > 1 reads and checks bundles in that many processes while this one writes."""
         report = ImportReport()
         imported_at = _now()
-        with self._transaction() as db:
-            known = {b: (s, t) for b, s, t in db.execute("SELECT bundle_id, source, imported_at FROM submissions")}
-            for path in paths:
+        received_at = received_at or imported_at
+        with closing(self._connect()) as db:
+            keys = {who: bytes.fromhex(key) for who, key in db.execute("SELECT learner, secret FROM roster")}
+        if require_roster and not keys:
+            raise GradebookError(f"{self.path} has no roster, so the learner ids in bundles cannot be checked: "
+                                 "run `infracourse cohort roster import ROSTER.csv` and send each learner their "
+                                 "secret first (or pass --unsigned to accept ids as claimed)")
+        checker = Checker(course, keys)
+        with _validated(paths, checker, jobs) as checked, self._transaction() as db:
+            before = db.execute("SELECT COALESCE(MAX(id), 0) FROM submissions").fetchone()[0]
+            for path, bundle in checked:
                 problem = None
                 try:
-                    bundle = read_bundle(Path(path), course)
-                    if bundle.bundle_id in known:
-                        source, when = known[bundle.bundle_id]
-                        raise BundleError(path, "duplicate", f"the same submission was already imported from {source}"
-                                          + (f" at {when}" if when else " earlier in this import")
+                    if isinstance(bundle, BundleError):
+                        raise bundle
+                    seen = db.execute("SELECT id, source, imported_at FROM submissions WHERE bundle_id = ?",
+                                      (bundle.bundle_id,)).fetchone()
+                    if seen:
+                        raise BundleError(path, "duplicate", f"the same submission was already imported from {seen[1]}"
+                                          + (" earlier in this import" if seen[0] > before else f" at {seen[2]}")
                                           + "; leave this copy out")
-                    _insert(db, bundle, imported_at)
-                    known[bundle.bundle_id] = (bundle.source, "")
-                    report.imported.append(bundle)
+                    m = bundle.manifest
+                    _insert(db, bundle, imported_at, received_at, signed=bool(keys))
+                    report.imported.append(Imported(bundle.source, m.learner, m.week, bool(keys)))
+                    del bundle, m
                 except BundleError as exc:
                     problem = exc
                     report.rejected.append(exc)
@@ -166,9 +255,9 @@ class Gradebook:
     # ------------------------------------------------------------ regrade
     def latest_submissions(self, *, week: str | None = None, learner: str | None = None) -> list[Submission]:
         """The newest submission of each learner x week (what export and regrade consider)."""
-        query = ("SELECT id, learner, week, submitted_at, source FROM submissions s WHERE id = (SELECT id FROM "
-                 "submissions t WHERE t.learner = s.learner AND t.week = s.week ORDER BY submitted_at DESC, id DESC "
-                 "LIMIT 1)")
+        query = ("SELECT id, learner, week, received_at, source FROM submissions s WHERE id = (SELECT id FROM "
+                 "submissions t WHERE t.learner = s.learner AND t.week = s.week ORDER BY received_at DESC, "
+                 "submitted_at DESC, id DESC LIMIT 1)")
         args: list = []
         for column, value in (("week", week), ("learner", learner)):
             if value is not None:
@@ -211,8 +300,10 @@ class Gradebook:
         with closing(self._connect()) as db:
             db.execute("BEGIN")
             snap = {
-                "submissions": db.execute("SELECT id, learner, week, submitted_at, graders_sha256 FROM submissions "
-                                          "ORDER BY id").fetchall(),
+                # received_at is the time a submission counts from; the learner's claimed time comes after
+                "submissions": db.execute("SELECT id, learner, week, received_at, graders_sha256, submitted_at, "
+                                          "signed FROM submissions ORDER BY id").fetchall(),
+                "roster": [r[0] for r in db.execute("SELECT learner FROM roster ORDER BY learner")],
                 "results": db.execute("SELECT id, submission_id, origin, tier, device, passed, total, complete, "
                                       "verified_on_gpu, disagreements_json FROM results ORDER BY id").fetchall(),
                 "figures": db.execute("SELECT result_id, check_id, name, value, unit, normalised FROM figures "
@@ -222,13 +313,81 @@ class Gradebook:
         return snap
 
 
-def _insert(db: sqlite3.Connection, bundle: Bundle, imported_at: str) -> None:
+class Checker:
+    """Everything an import checks of one bundle on its own (the rest needs the gradebook: duplicates)."""
+
+    def __init__(self, course: Course, keys: dict[str, bytes]):
+        self.course, self.keys, self.checks = course, keys, {}
+
+    def __call__(self, path) -> tuple[object, "Bundle | BundleError"]:
+        try:
+            bundle = read_bundle(Path(path), self.course)
+            m = bundle.manifest
+            if self.keys:
+                key = self.keys.get(m.learner)
+                if key is None:
+                    raise BundleError(path, "unknown-learner", f"learner {m.learner!r} is not on the roster: add "
+                                      "them (`cohort roster import`) and send them their secret, or ask them to "
+                                      "submit under their roster id")
+                if not m.signed_by(key):
+                    raise BundleError(path, "signature", f"not signed with {m.learner!r}'s secret ("
+                                      + ("unsigned" if m.signature is None else "the signature does not match")
+                                      + "): it was made without that learner's secret or changed after signing; "
+                                      "ask the learner to run `infracourse submit WEEK --secret-file THEIR.secret` "
+                                      "and send the new .zip unchanged")
+            if m.week not in self.checks:
+                self.checks[m.week] = {c.id for c in self.course.lab(m.week).spec.checks}
+            check_claims(bundle, self.checks[m.week])
+            return path, bundle
+        except BundleError as exc:
+            return path, exc
+
+
+_CHECKER: Checker | None = None  # in each validating process
+
+
+def _init_checker(root: Path, keys: dict[str, bytes]) -> None:
+    global _CHECKER
+    _CHECKER = Checker(Course(root), keys)
+
+
+def _check(path):
+    return _CHECKER(path)
+
+
+@contextmanager
+def _validated(paths: Iterable, checker: Checker, jobs: int) -> Iterator[Iterator[tuple]]:
+    """(path, Bundle or BundleError) in the order of `paths`. With jobs > 1, processes read and check ahead
+    of the caller, at most WINDOW bundles at a time, so memory stays bounded whatever the number of paths."""
+    if jobs <= 1:
+        yield map(checker, paths)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("forkserver"), initializer=_init_checker,
+                             initargs=(checker.course.root, checker.keys)) as pool:
+        def ordered():
+            pending = deque()
+            for path in paths:
+                pending.append(pool.submit(_check, path))
+                if len(pending) >= WINDOW:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        yield ordered()
+
+
+WINDOW = 64
+
+
+def _insert(db: sqlite3.Connection, bundle: Bundle, imported_at: str, received_at: str, *, signed: bool) -> None:
     m = bundle.manifest
     cur = db.execute(
         "INSERT INTO submissions (bundle_id, learner, week, submitted_at, imported_at, source, infracourse_version, "
-        "graders_sha256, manifest_json, bundle) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "graders_sha256, manifest_json, bundle, received_at, signed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (bundle.bundle_id, m.learner, m.week, m.created_at, imported_at, bundle.source, m.infracourse_version,
-         m.graders_sha256, m.model_dump_json(), bundle.data))
+         m.graders_sha256, m.model_dump_json(), bundle.data, received_at, int(signed)))
     _insert_result(db, cur.lastrowid, "self", bundle.results, m.environment, m.ceilings, [], bundle.results_json)
 
 

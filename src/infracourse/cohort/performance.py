@@ -5,6 +5,9 @@ A kernel lab's performance check records its achieved rate with the ceiling it w
 number: the learner's rate over what *their* device can do. Figures recorded without it are divided by the
 matching calibrated ceiling carried in the bundle (copy bandwidth for GB/s, the best matmul rate for
 TFLOP/s); anything else has no fair comparison and is shown raw only.
+
+Leaderboards rank regraded figures only (`score`): a self-reported figure is shown, marked self-reported,
+but a learner's machine can claim anything.
 """
 from __future__ import annotations
 
@@ -34,11 +37,14 @@ def performance_checks(lab: LabDir) -> list[str]:
     return [c.id for c in lab.spec.checks if c.kind == "performance"]
 
 
-def score(best: dict[str, float], checks: list[str]) -> float | None:
-    """Mean fraction of ceiling over a week's performance checks; a check never measured counts 0."""
-    if not checks or not best:
+def score(best: dict, checks: list[str]) -> float | None:
+    """Mean fraction of ceiling over a week's performance checks, from regraded figures only (`best`: check
+    id -> a figure with `.origin` and `.normalised`); a check never measured here counts 0. A self-reported
+    figure is a claim the learner's machine made and never ranks; None when nothing was regraded."""
+    verified = {c: f.normalised for c, f in best.items() if f.origin == "verified" and f.normalised is not None}
+    if not checks or not verified:
         return None
-    return sum(best.get(c, 0.0) for c in checks) / len(checks)
+    return sum(verified.get(c, 0.0) for c in checks) / len(checks)
 
 
 def _number(value) -> bool:

@@ -5,10 +5,12 @@ must return 42, with two correctness checks, a report-sized handout, and on kern
 performance checks (blocked on a CPU). `write_cohort` writes real submission bundles (through
 `bundle.write_bundle`, exactly as `infracourse submit` does) for learners on a mix of devices; a learner's
 skill sets how many checks pass and what fraction of their device's ceilings their kernels reach. The
-same seed gives byte-identical bundles.
+same seed gives byte-identical bundles. `write_roster` writes the roster CSV of such a cohort; given the
+secrets the gradebook issued (`Gradebook.roster()`), `write_cohort` signs each bundle as `submit` would.
 """
 from __future__ import annotations
 
+import csv
 import random
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -100,15 +102,32 @@ def write_course(root: Path, *, weeks: int = 24, kernel_weeks: tuple[int, ...] =
     return Course(root)
 
 
+def learner_id(i: int) -> str:
+    return f"learner{i:03d}"
+
+
+def write_roster(path: Path, learners: int) -> Path:
+    """The roster CSV of `write_cohort`'s learners (id, name, email and the LMS ids)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "name", "email", "sis_user_id", "section", "idnumber"])
+        for i in range(learners):
+            writer.writerow([learner_id(i), f"Learner {i}", f"{learner_id(i)}@uni.example", f"S{100000 + i}",
+                             f"section {i % 3 + 1}", f"ID{i:05d}"])
+    return path
+
+
 def write_cohort(course: Course, out: Path, *, learners: int = 500, seed: int = 0,
-                 missing: float = 0.05) -> list[Path]:
-    """Bundles for `learners` learners x every built week (a fraction `missing` not handed in)."""
+                 missing: float = 0.05, keys: dict[str, str] | None = None, start: int = 0) -> list[Path]:
+    """Bundles for `learners` learners (numbered from `start`) x every built week (a fraction `missing` not
+    handed in), each signed with its learner's secret key (hex) from `keys` when given."""
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     labs = [(lab, graders_digest(lab), (lab.path / "README.md").read_bytes()) for lab in course.labs()]
     paths = []
-    for i in range(learners):
-        learner = f"learner{i:03d}"
+    for i in range(start, start + learners):
+        learner = learner_id(i)
         hardware, ceilings = DEVICES[rng.randrange(len(DEVICES))]
         skill = rng.random()
         for number, (lab, digest, handout) in enumerate(labs, start=1):
@@ -122,7 +141,9 @@ def write_cohort(course: Course, out: Path, *, learners: int = 500, seed: int = 
                           ceilings=asdict(ceilings) if ceilings else None)
             files = {"answer.py": (SOLUTION if solved else STARTER).encode(), "README.md": handout,
                      "notes.md": _prose(i * 31 + number, 100).encode()}
-            paths.append(write_bundle(out / f"{learner}-{lab.spec.week}.zip", fields, files, result.as_dict()))
+            key = bytes.fromhex(keys[learner]) if keys else None
+            paths.append(write_bundle(out / f"{learner}-{lab.spec.week}.zip", fields, files, result.as_dict(),
+                                      key=key))
     return paths
 
 
