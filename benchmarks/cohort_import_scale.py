@@ -9,8 +9,8 @@ learner x week (5 % not handed in), signed with its learner's secret by the same
 gradebook imports the whole folder exactly as `infracourse cohort import DIR` does (the folder listed by the
 tool, every bundle read, size/zip/manifest/hash/signature/claims checked, all recorded in one SQLite
 transaction, --jobs checking processes). Peak memory is `resource.getrusage` ru_maxrss of the importing
-process and, separately, the largest of its checking processes. Prints a JSON summary; the figures are in
-docs/cohort-benchmark.md.
+process (with --jobs > 1 the checking processes, forkserver children holding one bundle each, are not in
+it: measure memory with --jobs 1). Prints a JSON summary; the figures are in docs/cohort-benchmark.md.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--learners", type=int, default=5000)
     parser.add_argument("--cores", type=int, default=2)
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--keep", type=Path, required=True, help="Folder for the generated cohort (reused).")
     args = parser.parse_args()
     root = args.keep
