@@ -24,11 +24,11 @@ COMMANDS = {"python -c pass": [sys.executable, "-c", "pass"],
 
 def timed(argv: list[str], cwd: Path, env: dict) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
+    began = time.perf_counter()
     subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
+    elapsed = time.perf_counter() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
