@@ -51,18 +51,19 @@ BATCH_CALLS = 48
 
 def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], None],
           bytes_moved: float = 0, flops: float = 0, ceilings=None, label: str = "your kernel",
-          require_kernel: bool = False) -> bench.Timing:
+          require_kernel: bool = False, calls: int = BATCH_CALLS) -> bench.Timing:
     """Time fn on fresh inputs, verifying outputs of timed calls; fail when the timing cannot be trusted.
 
     For a learner function (a grading.remote.RemoteObject), `make_args` is a `WorkerObject` naming a course
     input generator `gen(index) -> args` (grading.inputs): the worker and the judge build the same inputs
     from it, so the judge checks the worker's outputs against its own copy of each call's inputs.
     `require_kernel` (a learner's kernel timed directly) also fails timed calls that launched no Triton kernel
-    or did not pass their inputs and output through one, as the worker recorded them."""
+    or did not pass their inputs and output through one, as the worker recorded them. `calls` bounds the
+    judge-clocked batch (fewer for a call that is itself long, such as several training steps)."""
     from infracourse.grading.remote import RemoteObject
 
     if isinstance(fn, RemoteObject):
-        timing = _timed_in_worker(fn, make_args, check, label, require_kernel)
+        timing = _timed_in_worker(fn, make_args, check, label, require_kernel, calls)
     else:
         require_genuine_timing()
         timing = bench.measure(fn, make_args=make_args, check=check)
@@ -80,18 +81,19 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
 
 
 def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: str,
-                     require_kernel: bool) -> bench.Timing:
+                     require_kernel: bool, batch_calls: int) -> bench.Timing:
     import random
 
     from infracourse.grading.inputs import build
 
     worker = fn._worker
     generate = build(make_args)
-    prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id, calls=BATCH_CALLS)
+    prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id,
+                             calls=max(2, min(batch_calls, BATCH_CALLS)))
     prepared = prepare.value
     stats = _numbers(prepared, ("median_s", "p10_s", "p90_s", "calls"), label)
     calls = int(stats["calls"])
-    if not 2 <= calls <= BATCH_CALLS:
+    if not 2 <= calls <= max(2, min(batch_calls, BATCH_CALLS)):
         raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
     rtt = min(_round_trip(worker) for _ in range(5))
     t0 = time.perf_counter()
@@ -102,13 +104,14 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     wall_per_call = max(wall - min(max(held, 0.0), 1.5 * HOLD_S) - min(rtt, MAX_RTT_CREDIT_S), 0.0) / calls
     draw = random.SystemRandom()  # which outputs are checked is decided only now, after the batch ran
     picks = sorted({calls - 1, draw.randrange(calls), draw.randrange(calls)})
-    outputs = worker.request("time_outputs", indices=picks).value
+    picked = worker.request("time_outputs", indices=picks)  # after the clock: the launch records are read here
+    outputs = picked.value
     if not isinstance(outputs, list) or len(outputs) != len(picks):
         raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
     for index, out in zip(picks, outputs):
         check(out, generate(index))
     if require_kernel:
-        _require_kernels(label, prepare.record, run.record)
+        _require_kernels(label, prepare.record, picked.record)
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
                         wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu")

@@ -131,9 +131,7 @@ class Worker:
         if op == "time_run":
             return self.time_run(header), {}
         if op == "time_outputs":
-            picked = [self.batch["outputs"][i] for i in header["indices"]]
-            self.batch = {}
-            return {"value": picked}, {}
+            return self.time_outputs(header)
         raise ProtocolError(f"unknown op {op!r}")
 
     def import_module(self, name: str):
@@ -234,7 +232,6 @@ class Worker:
         import torch
 
         from infracourse import bench
-        from infracourse.guard import _tensor_storages as _storages
         from infracourse.guard import record_launches
 
         fn, batch = self.batch["fn"], self.batch["args"]
@@ -247,15 +244,23 @@ class Worker:
             launches.append(rec)
         if on_gpu:
             torch.cuda.synchronize()
-        self.batch["outputs"] = outputs
+        # the judge's clock stops when this reply arrives: the launch records are read in time_outputs
+        self.batch.update(outputs=outputs, launches=launches)
+        return {"value": {"hold_s": held.seconds(), "calls": len(batch)}}
+
+    def time_outputs(self, header: dict) -> tuple[dict, dict]:
+        """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
+        from infracourse.guard import _tensor_storages as _storages
+
+        batch, self.batch = self.batch, {}
         broken = 0
-        for rec, args, out in zip(launches, batch, outputs):
+        for rec, args, out in zip(batch["launches"], batch["args"], batch["outputs"]):
             rec.derived = {ptr: {i} for i, a in enumerate(args) for ptr in _storages([a])}
             rec.trace_data_flow(list(args), out)
             broken += _flow_broken(rec, args)
-        return {"value": {"hold_s": held.seconds(), "calls": len(batch)},
-                "record": {"calls_without_kernel": sum(not r.kernels for r in launches),
-                           "calls_without_data_flow": broken}}
+        return {"value": [batch["outputs"][i] for i in header["indices"]],
+                "record": {"calls_without_kernel": sum(not r.kernels for r in batch["launches"]),
+                           "calls_without_data_flow": broken}}, {}
 
     # ------------------------------------------------------------------ errors
     def describe(self, exc: BaseException) -> dict:
