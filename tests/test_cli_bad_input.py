@@ -114,6 +114,33 @@ def test_read_only_workspace_is_not_called_corrupt(ws, command):
     assert "corrupt" not in line and "not a readable" not in line and "move it aside" not in line
 
 
+@pytest.mark.parametrize("command", ["status", "hint 7", "next", "syllabus", "doctor"])
+def test_missing_course_content_names_the_file(ws, tmp_path, monkeypatch, command):
+    monkeypatch.setenv("INFRACOURSE_COURSE", str(tmp_path / "no-course"))
+    one_line_error(run(*command.split()), "syllabus.yaml", "file not found")
+
+
+def test_doctor_calibrate_without_a_gpu(monkeypatch):
+    from infracourse import hardware
+
+    hw = hardware.detect()
+    monkeypatch.setattr(hardware, "detect", lambda: hw)
+    if hw.gpu_count:
+        pytest.skip("this machine has a GPU: calibration is possible here")
+    one_line_error(run("doctor", "--calibrate"), "needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("command", ["doctor", "doctor --json"])
+def test_doctor_failure_is_one_line(monkeypatch, command):
+    from infracourse import hardware
+
+    def broken():
+        raise RuntimeError("nvidia-smi\nexploded")
+
+    monkeypatch.setattr(hardware, "detect", broken)
+    one_line_error(run(*command.split()), "RuntimeError", "nvidia-smi exploded", "INFRACOURSE_DEBUG=1", code=3)
+
+
 def test_submit_with_a_bad_learner_id(ws):
     Workspace(ws).progress.record(GradeResult(
         week="week07", tier="cpu", device="cpu", fingerprint="f", started_at="t", seconds=1.0,

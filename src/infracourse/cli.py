@@ -334,7 +334,7 @@ def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceO
     console.print(escape(f"Environment written into {path}"))
 
 
-@app.command()
+@_command()
 def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure this GPU's ceilings (cached)."),
            as_json: bool = typer.Option(False, "--json")):
     """Versions, GPU, tier, what will be blocked here; --calibrate measures this GPU's ceilings."""
