@@ -76,3 +76,54 @@ class SchemeLoop:
             unpack(self.model(tokens))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+
+
+class StampedModel(nn.Module):
+    """A model that keeps a record of every forward call: when it started and ended on the worker's clock and
+    how many positions it computed. Built in the grading worker around the course's model and handed to the
+    learner's code, so a grader can compare the figures the learner reports with what the model really did
+    (`take()` returns the records since the last take and clears them).
+
+    On a GPU the end of a call is stamped by CUDA events, read in `take()`: the wrapper adds no synchronise
+    of its own, so code that forgets to wait for the device still measures the launch, not the work."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self._calls: list[tuple] = []
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        import time
+
+        if tokens.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            host = time.perf_counter()
+            start.record()
+            out = self.model(tokens)
+            end.record()
+            self._calls.append((host, (start, end), tokens.numel()))
+            return out
+        host = time.perf_counter()
+        out = self.model(tokens)
+        self._calls.append((host, time.perf_counter(), tokens.numel()))
+        return out
+
+    def take(self) -> list[tuple[float, float, int]]:
+        """(start_s, end_s, positions) of each forward call since the last take, on the worker's clock."""
+        calls, self._calls = self._calls, []
+        out = []
+        for host, end, positions in calls:
+            if isinstance(end, tuple):  # GPU: the host stamp plus the kernels' own length
+                end[1].synchronize()
+                end = host + end[0].elapsed_time(end[1]) / 1e3
+            out.append((host, end, positions))
+        return out
+
+
+def warm_up(model: nn.Module, batches: list[list[torch.Tensor]]) -> None:
+    """Each batch through `model` once, packed (the first calls pay for the allocator and caches), the device
+    drained: built in the grading worker, so a grader warms the model the learner's code is about to time."""
+    for seqs in batches:
+        model(torch.cat(seqs))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
