@@ -45,6 +45,29 @@ VARIANTS = {
         "    with open(tmp, \"wb\") as f:\n        torch.save(state, f)\n",
         "    import io\n    buffer = io.BytesIO()\n    torch.save(state, buffer)\n"
         "    with open(path, \"wb\") as f:\n        f.write(buffer.getvalue())\n")),
+    # class 4: same losses, steps and final state as a resume, but the checkpoint is only read for its step
+    "replays from the seed instead of loading": ("resume-follows-checkpoint", replace_once(
+        "    done = restore_state(load_checkpoint(path), model, optimizer, scheduler, batches) if path.exists() else 0\n",
+        "    done = load_checkpoint(path)[\"step\"] if path.exists() else 0\n"
+        "    for _ in range(done):  # replayed silently from the seed\n"
+        "        inputs, targets = batches.next(device)\n"
+        "        model(inputs, targets)[1].backward()\n"
+        "        optimizer.step()\n"
+        "        scheduler.step()\n"
+        "        optimizer.zero_grad(set_to_none=True)\n")),
+    # class 6: the bytes are serialised first (the kill misses the file), then written into the checkpoint's
+    # own inode through a name that is not the checkpoint's path
+    "writes the checkpoint in place through a symlink": ("checkpoint-atomic", replace_once(
+        "    with open(tmp, \"wb\") as f:\n        torch.save(state, f)\n        f.flush()\n"
+        "        os.fsync(f.fileno())  # the bytes are on disk before the name points at them\n"
+        "    os.replace(tmp, path)",
+        "    import io\n    buffer = io.BytesIO()\n    torch.save(state, buffer)\n"
+        "    alias = path.with_name(path.name + \".link\")\n"
+        "    if not alias.is_symlink():\n        os.symlink(path.name, alias)\n"
+        "    with open(alias, \"wb\") as f:\n        f.write(buffer.getvalue())")),
+    # a temporary file, then copied over the checkpoint (what shutil.move does across filesystems)
+    "copies the temporary file over the checkpoint": ("checkpoint-atomic", replace_once(
+        "    os.replace(tmp, path)", "    import shutil\n    shutil.copyfile(tmp, path)")),
 }
 
 

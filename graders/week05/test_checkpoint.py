@@ -1,4 +1,11 @@
-"""Week 5 checkpoint writes: a process killed while saving must leave a checkpoint that loads (old or new)."""
+"""Week 5 checkpoint writes: a process killed while saving must leave a checkpoint that loads (old or new).
+
+Atomic is judged by its effect, with every observer: a kill in the middle of serialising; the old file's
+bytes, read through a descriptor the judge opened on it before the save (a write in place, through any
+name, a symlink or a copy from another filesystem, changes them; a rename does not); and what the
+checkpoint's path holds at every audited file event of the save (never missing, never partial)."""
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -8,7 +15,59 @@ import torch
 
 from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
-from infracourse.kit.resume_driver import KILLED, NOT_WRITTEN, launch
+from infracourse.kit.resume_driver import KILLED, NOT_WRITTEN, file_digest, launch, read_all
+
+
+FIX = ("Write the bytes to a temporary file in the checkpoint's own folder, flush and os.fsync it, then "
+       "os.replace it onto the checkpoint: a rename swaps the name to a complete file in one step.")
+
+
+def _save(learner, folder, checkpoint, step: int, observed) -> None:
+    proc = launch(["save", str(learner.root), str(checkpoint), str(step), str(observed)], snapshot=learner.root,
+                  scratch=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise LabCheckFailed("save_checkpoint did not return within 120 s") from None
+    if proc.returncode == NOT_WRITTEN:
+        raise LearnerRaised("NotImplementedError", stderr.strip().splitlines()[-1][:2000])
+    if proc.returncode != 0:
+        raise LabCheckFailed(f"save_checkpoint crashed (exit code {proc.returncode}):\n{stderr[-1000:]}")
+
+
+def require_replaced_whole(learner) -> None:
+    """The effect of an atomic save: the old file is never written, the path never missing or partial."""
+    folder = learner.worker.scratch / "checkpoint-replaced"
+    folder.mkdir()
+    checkpoint = folder / "checkpoint.pt"
+    _save(learner, folder, checkpoint, 1, folder / "first.json")
+    fd = os.open(checkpoint, os.O_RDONLY)  # the judge's own view of the old file, whatever its name becomes
+    try:
+        old = read_all(fd)
+        _save(learner, folder, checkpoint, 2, folder / "second.json")
+        os.lseek(fd, 0, os.SEEK_SET)
+        after = read_all(fd)
+    finally:
+        os.close(fd)
+    if after != old:
+        raise LabCheckFailed(
+            f"save_checkpoint wrote into the existing {checkpoint.name} (its old bytes changed under a descriptor "
+            "opened before the save): a kill during that write leaves a partial checkpoint, whatever name or "
+            f"filesystem the bytes came through. {FIX}")
+    new, old_digest = file_digest(checkpoint), hashlib.sha1(old).hexdigest()
+    try:  # written by a process the learner's code ran in: untrusted data
+        samples = json.loads((folder / "second.json").read_text())
+        seen = [(str(event), str(digest)) for event, digest in samples]
+    except (OSError, ValueError, TypeError):
+        raise LabCheckFailed("the record of the second save could not be read back") from None
+    if new in ("missing", old_digest) or not seen or seen[-1][1] != new:
+        raise LabCheckFailed(f"after save_checkpoint returned, {checkpoint.name} does not hold the new state")
+    for event, digest in seen:
+        if digest not in (old_digest, new):
+            what = "missing" if digest == "missing" else "neither the old file nor the new one (partial)"
+            raise LabCheckFailed(f"during save_checkpoint, at a file event {event!r}, {checkpoint.name} was {what}: "
+                                 f"a reader (or a restart) at that moment finds no checkpoint. {FIX}")
 
 
 @pytest.mark.check("checkpoint-atomic")
@@ -48,3 +107,4 @@ def test_kill_while_saving(learner):
         raise LabCheckFailed(
             f"save_checkpoint opened {checkpoint.name} itself for writing: a kill between that open and the last "
             "byte leaves a truncated checkpoint. Write the bytes to a temporary file, then os.replace it.")
+    require_replaced_whole(learner)

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 
 from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
-from infracourse.kit.resume_driver import NOT_WRITTEN, launch
+from infracourse.kit.resume_driver import NO_MODEL_STATE, NOT_WRITTEN, launch
 
 STEPS, SAVE_EVERY = 24, 3
 BF16_LOSS_RTOL = 1e-3
@@ -38,6 +39,7 @@ class KillAndResume:
     resumed: Run
     kill_at: int
     seed: int
+    work: Path | None = None
 
     def where(self) -> str:
         return f"(killed after step {self.kill_at}, seed {self.seed})"
@@ -132,12 +134,14 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
     if not killed.steps or killed.steps[-1]["step"] < kill_at:
         raise RuntimeError(f"the run to be interrupted ended before step {kill_at} (exit code {proc.returncode}):\n"
                            + (work / "killed.log").read_text(errors="replace")[-1500:])
+    # the folder as the kill left it, for resume-follows-checkpoint (a perturbed copy is resumed there)
+    shutil.copytree(work / "interrupted", work / "at-kill")
 
     proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "resumed.pt",
                           work / "resumed.log")
     full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
     resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
-    return KillAndResume(full, killed, resumed, kill_at, seed)
+    return KillAndResume(full, killed, resumed, kill_at, seed, work)
 
 
 def first_difference(a, b, path: str = "") -> str | None:
@@ -240,6 +244,46 @@ def test_schedule(runs):
     lrs = [[g["lr"] for g in run["optimizer"]["param_groups"]] for run in (a, b)]
     if lrs[0] != lrs[1]:
         raise LabCheckFailed(f"the final learning rate is {lrs[1]} after resuming, {lrs[0]} uninterrupted")
+
+
+def resume_perturbed(learner_dir: Path, work: Path, seed: int) -> Run:
+    """Resume from a copy of the killed run's checkpoint whose model weights the judge perturbed (through
+    the learner's own load_checkpoint and save_checkpoint): a resume that reads the checkpoint follows it."""
+    folder = work / "perturbed"
+    shutil.copytree(work / "at-kill", folder)
+    with (work / "perturb.log").open("w") as stderr:
+        proc = launch(["perturb", str(learner_dir), str(folder / "checkpoint.pt"), str(seed)], snapshot=learner_dir,
+                      scratch=work, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        code = proc.wait(timeout=120)
+    if code == NO_MODEL_STATE:
+        raise LabCheckFailed(
+            "run_dir/checkpoint.pt holds no model state_dict (a dict with the keys and shapes of "
+            "model.state_dict(), at any depth of the checkpoint): save model.state_dict() in it")
+    if code != 0:
+        error = (work / "perturb.log").read_text(errors="replace")
+        raise RuntimeError(f"loading and saving the checkpoint again failed (exit code {code}):\n{error[-1500:]}")
+    proc = _train_process(learner_dir, work, folder, "cpu", "fp32", work / "perturbed.pt", work / "perturbed.log")
+    return _finish(proc, work / "perturbed.log", "run resumed from a perturbed checkpoint", work / "perturbed.pt",
+                   Run())
+
+
+@pytest.mark.check("resume-follows-checkpoint")
+def test_follows_checkpoint(runs, learner, seed):
+    work = runs.work
+    perturbed = resume_perturbed(learner.root, work, seed)
+    honest = {line["step"]: line for line in runs.resumed.steps}
+    if not perturbed.steps or perturbed.steps[0]["step"] not in honest:
+        raise LabCheckFailed(f"resumed from a checkpoint with perturbed weights, the run reported steps "
+                             f"{[line['step'] for line in perturbed.steps][:5]}, not those of the plain resume")
+    first = perturbed.steps[0]
+    if first["loss"] == honest[first["step"]]["loss"] or first_difference(
+            runs.resumed.final["model"], perturbed.final["model"]) is None:
+        raise LabCheckFailed(
+            f"the judge added noise to the model weights in run_dir/checkpoint.pt (through your load_checkpoint "
+            f"and save_checkpoint), yet the resumed run's loss at step {first['step']} and its final weights are "
+            f"those of a resume from the untouched checkpoint {runs.where()}: the resume does not take the weights "
+            "from the checkpoint (replaying the first steps from the seed is not resuming). Load every state from "
+            "the checkpoint and train on from there.")
 
 
 RNG_HINT = {"python": "random.getstate() / random.setstate()", "numpy": "np.random.get_state() / set_state()",

@@ -13,6 +13,15 @@ torch.load(weights_only=True), which rebuilds tensors and plain containers only)
   python -m infracourse.kit.resume_driver kill-while-saving LEARNER CHECKPOINT MARKER
       saves a first state, then a second one holding an object that SIGKILLs the process while it is being
       serialised; writes MARKER if anything opened CHECKPOINT itself for writing.
+  python -m infracourse.kit.resume_driver perturb LEARNER CHECKPOINT SEED
+      loads CHECKPOINT with the learner's load_checkpoint, adds seeded noise to every floating tensor of the
+      model's state_dict in it (the dict whose keys are the kit GPT's), and saves it back with the learner's
+      save_checkpoint: a run resumed from it must follow it (one that replays from the seed does not). Exit
+      code 3 when the checkpoint holds no such dict.
+  python -m infracourse.kit.resume_driver save LEARNER CHECKPOINT STEP OBSERVED
+      save_checkpoint({"step": STEP, "payload": ...}, CHECKPOINT); at every audited event during the save (each
+      open, rename, remove, ...) samples what CHECKPOINT holds (its bytes' digest, or "missing") and writes the
+      samples to OBSERVED as JSON: the judge holds each one against the old and the new file.
 A NotImplementedError in the learner's code ends the process with code 2 and its message on stderr.
 """
 from __future__ import annotations
@@ -112,16 +121,95 @@ def _kill_while_saving(learner, checkpoint, marker):
                           Path(checkpoint))
 
 
+NO_MODEL_STATE = 3
+
+
+def _perturb(learner, checkpoint, seed):
+    import torch
+
+    import train
+    from infracourse.kit.gpt import GPT
+    from infracourse.kit.train import TRAIN_CONFIG
+
+    want = {k: tuple(v.shape) for k, v in GPT(TRAIN_CONFIG, seed=0).state_dict().items()}
+    state = train.load_checkpoint(Path(checkpoint))
+    gen = torch.Generator().manual_seed(int(seed))
+    found, stack = 0, [state]
+    while stack:  # every dict in the checkpoint, however nested; the model's is the one with the kit's keys
+        item = stack.pop()
+        values = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else ()
+        if isinstance(item, dict) and set(item) == set(want) and all(
+                isinstance(v, torch.Tensor) and tuple(v.shape) == want[k] for k, v in item.items()):
+            for value in item.values():
+                if value.is_floating_point():
+                    value.add_(0.2 * torch.randn(value.shape, generator=gen).to(value.dtype))
+            found += 1
+        else:
+            stack.extend(values)
+    if not found:
+        return NO_MODEL_STATE
+    train.save_checkpoint(state, Path(checkpoint))
+    print(json.dumps({"perturbed": found}), flush=True)
+    return 0
+
+
+def read_all(fd: int) -> bytes:
+    """Every byte from fd's position to the end."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def file_digest(path) -> str:
+    """The bytes of `path` as a digest, read with os calls (they raise no audit event of their own)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return "missing"
+    try:
+        return hashlib.sha1(read_all(fd)).hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _save_observed(learner, checkpoint, step, observed):
+    import torch
+
+    import train
+
+    checkpoint, samples, busy = os.path.abspath(checkpoint), [], [False]
+
+    def watch(event, args):
+        if busy[0] or not event.startswith(("open", "os.", "shutil.")):
+            return
+        busy[0] = True  # os.open below is audited itself
+        try:
+            samples.append([event, file_digest(checkpoint)])
+        finally:
+            busy[0] = False
+
+    state = {"step": int(step), "payload": torch.arange(250_000.0) * int(step)}  # 1 MB: a write takes a while
+    sys.addaudithook(watch)
+    train.save_checkpoint(state, Path(checkpoint))
+    busy[0] = True  # no more samples: the save is over
+    samples.append(["returned", file_digest(checkpoint)])
+    with open(observed, "w") as f:
+        json.dump(samples, f)
+    return 0
+
+
 def main(argv):
     mode, learner, *rest = argv
     # the learner's folder heads the import path, in place of the start folder (the scratch dir)
     sys.path[:] = [learner] + [p for p in sys.path[1:] if p not in ("", os.getcwd())]
     try:
-        {"train": _train, "kill-while-saving": _kill_while_saving}[mode](learner, *rest)
+        code = {"train": _train, "kill-while-saving": _kill_while_saving, "perturb": _perturb,
+                "save": _save_observed}[mode](learner, *rest)
     except NotImplementedError as exc:
         print(f"{exc}", file=sys.stderr)
         return NOT_WRITTEN
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":
