@@ -1,16 +1,4 @@
-"""Week 4 report: filled per the weekly loop, showing one copy or sync point in a profile of a training step."""
-import pytest
-
-from infracourse.grading.report import check_report
-
-REQUIRED = {
-    "Results": (r"aten::\w+.*\d", "the profiler rows (aten::... with their counts or times) that show the copy or "
-                "synchronisation point"),
-    "Conclusion and limits": (r"\bcop(y|ies)\b|synchroni[sz]|\.item\(\)",
-                              "which copy or synchronisation point it is and why the code causes it"),
-}
-
-
-@pytest.mark.check("report")
-def test_report(learner, hardware):
-    check_report(learner.path("report.md"), hardware, required=REQUIRED)
+"""The report check, as lab.yaml's `report:` section describes it: prose sections filled in the learner's own
+words, this machine's environment, and the figures block compared with what this grade measured
+(infracourse.grading.report_check)."""
+from infracourse.grading.report_check import test_report  # noqa: F401 - collected here by pytest

@@ -1,18 +1,4 @@
-"""Week 5 report: filled per the weekly loop, with the resume evidence and one measured sync or copy."""
-import pytest
-
-from infracourse.grading.report import check_report
-
-REQUIRED = {
-    "Method": (r"determinis|set_num_threads|manual_seed",
-               "the settings that make the runs reproducible (seeds, threads, deterministic algorithms)"),
-    "Results": (r"\|.*\d.*\|", "a table of per-step losses of the uninterrupted and the resumed run"),
-    "Conclusion and limits": (
-        r"(?=[\s\S]*(\.item\(\)|synchroni[sz]|\.cpu\(\)|\bcop(y|ies)))(?=[\s\S]*\d\s*(ms|us|µs|%))",
-        "one copy or synchronisation point in the loop (e.g. loss.item()) and its measured cost (ms, us or %)"),
-}
-
-
-@pytest.mark.check("report")
-def test_report(learner, hardware):
-    check_report(learner.path("report.md"), hardware, required=REQUIRED)
+"""The report check, as lab.yaml's `report:` section describes it: prose sections filled in the learner's own
+words, this machine's environment, and the figures block compared with what this grade measured
+(infracourse.grading.report_check)."""
+from infracourse.grading.report_check import test_report  # noqa: F401 - collected here by pytest

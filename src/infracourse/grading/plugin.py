@@ -60,7 +60,7 @@ class _Session:
         pairs = [p.split("=", 1) for p in config.getoption("--infracourse-settled").split(",") if p]
         self.statuses: dict[str, str] = dict(pairs)
         self.skip = set(self.statuses)
-        self.figures: dict[str, dict] = {}
+        self.figures: dict[str, dict] = {}  # check id -> the figures it recorded in this process
         self.worker = None  # started by the `learner` fixture on first use
         self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
         self.current: str | None = None  # the check running now
@@ -86,8 +86,10 @@ class _Session:
                                         f"define (known: {sorted(known)})")
             item.stash[CHECK_KEY] = marker.args[0]
             (deselected if marker.args[0] in self.skip else keep).append(item)
-        # checks that need others' results in this run (performance after correctness) go last
-        keep.sort(key=lambda it: bool(known[it.stash[CHECK_KEY]].requires))
+        # checks that need others' results in this run (performance after correctness) go last, and the report,
+        # whose figures are compared with what the other checks measured, after them
+        keep.sort(key=lambda it: (known[it.stash[CHECK_KEY]].kind == "report",
+                                  bool(known[it.stash[CHECK_KEY]].requires)))
         items[:] = keep
         if deselected:
             config.hook.pytest_deselected(items=deselected)
@@ -139,6 +141,7 @@ class _Session:
         item.stash[_DONE] = True
         self.statuses[check_id] = status
         figures = getattr(item, "_infracourse_figures", {})
+        self.figures[check_id] = figures  # what this check measured, for the report check (grading.report_check)
         self.emit(event="result", check=check_id, status=status, message=message, figures=figures, t=time.time(),
                   duration=report.duration)
         if fatal:

@@ -1,0 +1,172 @@
+"""The report check of every lab, configured by the `report:` section of its lab.yaml (syllabus.Report).
+
+A report is graded on what was measured, not on how it is worded:
+- prose sections (`report.prose`) must hold the learner's own words: present, not empty, no TODO, and not the
+  starter template's text; their wording is never matched against patterns;
+- the Environment section must state this machine (the figures must come from the machine graded);
+- the figures the lab asks for (`report.figures`) sit in one fenced block, e.g.
+
+      ```yaml figures
+      loop_ns_per_element: 23.1
+      ```
+
+  and each is compared with the grader's own figure: one that another check of the same grade recorded while
+  measuring the same configuration (`check` + `measured`), or one that follows from the lab's fixed
+  configuration (`expected`). A figure whose check was blocked here (it needs hardware this machine lacks) may
+  be left out and is not compared; one whose check ran but did not pass cannot be checked, so the report fails.
+
+Each graders/weekNN/test_report.py imports `test_report` from here; pytest collects it there.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infracourse.grading.report import PLACEHOLDER, SECTIONS, sections
+from infracourse.guard import LabCheckFailed
+from infracourse.hardware import Hardware
+from infracourse.syllabus import Report, ReportFigure
+
+# ```yaml figures  or  ```figures : the block the figures live in (one per report)
+FIGURES_BLOCK = re.compile(r"^```[ \t]*(?:ya?ml[ \t]+)?figures[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def read_figures(text: str, name: str) -> dict[str, float]:
+    """The numbers of the report's figures block; fails, naming the fix, if it is missing or not numbers."""
+    blocks = FIGURES_BLOCK.findall(text)
+    if not blocks:
+        raise LabCheckFailed(f"{name} has no figures block: put your figures in a fenced block that opens with "
+                             "```yaml figures (one `name: number` per line, as the template shows)")
+    if len(blocks) > 1:
+        raise LabCheckFailed(f"{name} has {len(blocks)} figures blocks: keep one")
+    try:
+        data = yaml.safe_load(blocks[0]) or {}
+    except yaml.YAMLError as exc:
+        raise LabCheckFailed(f"{name}: the figures block is not YAML ({str(exc).splitlines()[0]}); write one "
+                             "`name: number` per line") from None
+    if not isinstance(data, dict):
+        raise LabCheckFailed(f"{name}: the figures block must be `name: number` lines")
+    figures = {}
+    for key, value in data.items():
+        if value is None:
+            continue  # left empty: treated as not given
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise LabCheckFailed(f"{name}: figure {key!r} is {value!r}; write a plain number (its unit is the one "
+                                 "the template names, without the unit)")
+        figures[str(key)] = float(value)
+    return figures
+
+
+def check_prose(found: dict[str, str], spec: Report, template: dict[str, str], name: str) -> None:
+    """Every prose section present, filled, and not the template's own text."""
+    missing = [s for s in SECTIONS if s not in found]
+    if missing:
+        raise LabCheckFailed(f"{name} lacks the section(s) {missing}: keep the template's '## ' headings")
+    unfilled = [s for s in spec.prose
+                if len(_words(found[s])) < 3 or PLACEHOLDER.search(found[s])
+                or (template.get(s) and _words(found[s]) == _words(template[s]))]
+    if unfilled:
+        raise LabCheckFailed(f"{name}: write {unfilled} in your own words (each still holds the template's text, "
+                             "a TODO or nothing)")
+
+
+def check_environment(found: dict[str, str], hardware: Hardware, name: str) -> None:
+    env = found.get("Environment", "")
+    for label, value in (("torch", hardware.torch), ("device", hardware.device_name)):
+        if value and value not in env:
+            raise LabCheckFailed(
+                f"{name}: the Environment section does not state this machine's {label} ({value}); the figures "
+                "must come from the machine you grade on. Run `infracourse report <week>` to stamp it, then "
+                "re-measure if your figures came from elsewhere")
+
+
+def compare_figures(reported: dict[str, float], spec: Report, measured: dict[str, dict], statuses: dict[str, str],
+                    name: str) -> dict[str, dict]:
+    """Compare each figure the lab asks for with the grader's own; returns what was compared (for `record`).
+
+    `measured` maps a check id to the figures it recorded in this grade; `statuses` a check id to its status."""
+    compared: dict[str, dict] = {}
+    for figure in spec.figures:
+        if figure.check is not None and statuses.get(figure.check) == "blocked":
+            continue  # measured only on hardware this machine lacks: owed to a grade there
+        if figure.name not in reported:
+            raise LabCheckFailed(f"{name}: the figures block lacks {figure.name!r}: {figure.meaning}")
+        ours = _grader_figure(figure, measured, statuses, name)
+        mine = reported[figure.name]
+        if not _agree(mine, ours, figure):
+            raise LabCheckFailed(
+                f"{name}: {figure.name} = {mine:.4g} in your figures block, but the grader measured {ours:.4g} "
+                f"({figure.meaning}; {_tolerance(figure)}). Report the figure your own run printed for this "
+                "configuration, on this machine, in the unit asked for")
+        compared[figure.name] = {"value": mine, "target": ours, "unit": ""}
+    return compared
+
+
+def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: dict[str, str], name: str) -> float:
+    if figure.check is None:
+        return float(figure.expected)
+    status = statuses.get(figure.check, "not run")
+    recorded = (measured.get(figure.check) or {}).get(figure.measured)
+    if status != "passed" or recorded is None:
+        raise LabCheckFailed(f"{name}: {figure.name} cannot be checked: the check {figure.check!r}, which measures "
+                             f"it, did not pass in this grade ({status}). Make it pass first")
+    value = recorded.get(figure.compare_with) if isinstance(recorded, dict) else \
+        getattr(recorded, figure.compare_with, None)
+    if not isinstance(value, (int, float)):
+        raise LabCheckFailed(f"{name}: the grader recorded no {figure.compare_with} for {figure.measured!r} "
+                             f"(check {figure.check!r}); this is a course bug, please report it")
+    return float(value)
+
+
+def _agree(mine: float, ours: float, figure: ReportFigure) -> bool:
+    if abs(mine - ours) <= figure.absolute:
+        return True
+    if mine == 0 or ours == 0 or (mine > 0) != (ours > 0):
+        return False
+    return max(mine / ours, ours / mine) <= figure.factor
+
+
+def _tolerance(figure: ReportFigure) -> str:
+    parts = [f"within {figure.factor:g}x either side"] if figure.factor > 1 else []
+    if figure.absolute:
+        parts.append(f"or {figure.absolute:g} apart")
+    return "accepted " + " ".join(parts) if parts else "must match"
+
+
+def _words(text: str) -> list[str]:
+    """The words of a section, without TODO markers: a template with its TODOs deleted is still the template."""
+    return [w for w in re.findall(r"\w+", text.lower()) if w != "todo"]
+
+
+def check_report(path: Path, spec: Report, hardware: Hardware, *, template: Path | None = None,
+                 measured: dict[str, dict] | None = None, statuses: dict[str, str] | None = None) -> dict[str, dict]:
+    """Fail (LabCheckFailed, naming the file and the fix) unless the report meets `spec`; returns the figures
+    compared, each {value: the report's, target: the grader's}."""
+    if not path.exists():
+        raise LabCheckFailed(f"{path.name} is missing: copy the template back with `infracourse reset` and fill it")
+    text = path.read_text(encoding="utf-8")
+    template_sections = sections(template.read_text(encoding="utf-8")) if template and template.exists() else {}
+    found = sections(text)
+    check_prose(found, spec, template_sections, path.name)
+    check_environment(found, hardware, path.name)
+    if not spec.figures:
+        return {}
+    return compare_figures(read_figures(text, path.name), spec, measured or {}, statuses or {}, path.name)
+
+
+@pytest.mark.check("report")
+def test_report(learner, hardware, record, request):
+    """The lab's report, as its lab.yaml `report:` section describes it."""
+    session = request.config._infracourse
+    spec = session.lab.report
+    if spec is None:
+        raise LabCheckFailed("lab.yaml has a report check but no `report:` section; this is a course bug")
+    template = Path(request.config.getoption("--infracourse-lab")).parent / "starter" / spec.file
+    compared = check_report(learner.path(spec.file), spec, hardware, template=template,
+                            measured=session.figures, statuses=session.statuses)
+    for figure_name, figure in compared.items():
+        record(figure_name, figure["value"], target=figure["target"])

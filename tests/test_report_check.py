@@ -1,0 +1,188 @@
+"""The report checker (grading.report_check) on its own: prose is judged only for being the learner's own,
+figures are compared with the grader's, never with a pattern; and every lab's report files fit its lab.yaml."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from infracourse.course import Course
+from infracourse.grading.report import stamp_environment
+from infracourse.grading.report_check import FIGURES_BLOCK, check_report, read_figures
+from infracourse.guard import LabCheckFailed
+from infracourse.syllabus import Report, load_lab
+
+REPO = Path(__file__).resolve().parents[1]
+LABS = sorted(p.parent for p in (REPO / "labs").glob("week*/lab.yaml"))
+SPEC = Report.model_validate({
+    "file": "report.md",
+    "figures": [
+        {"name": "loop_ns", "meaning": "loop cost per element, ns", "check": "overhead", "measured": "loop",
+         "compare_with": "target", "factor": 3},
+        {"name": "gpu_gbps", "meaning": "bandwidth, GB/s", "check": "bandwidth", "measured": "bw", "factor": 1.5},
+        {"name": "share", "meaning": "a share (0..1)", "check": "overhead", "measured": "share", "absolute": 0.1},
+        {"name": "intensity", "meaning": "FLOP/byte", "expected": 1365.33},
+    ],
+})
+MEASURED = {"overhead": {"loop": {"value": 11.0, "target": 25.0}, "share": {"value": 0.30}},
+            "bandwidth": {"bw": {"value": 3700.0, "target": 2900.0}}}
+PASSED = {"overhead": "passed", "bandwidth": "passed"}
+
+PROSE = {
+    "Question and hypothesis": "How much does a Python loop cost per element, against one vectorised call?",
+    "Workload": "One hundred thousand floats summed by a loop and by torch.sum; the command was benchmark.py.",
+    "Method": "Five warm-up calls, fifty timed ones, the clock read after a synchronise; median of the samples.",
+    "Correctness criterion": "My percentiles equal numpy's on random data, to one part in a billion.",
+    "Conclusion and limits": "The interpreter dominates by two orders of magnitude; one busy machine only.",
+}
+
+
+def _report(figures: str, prose: dict | None = None) -> str:
+    body = dict(PROSE, **(prose or {}))
+    results = "| run | ns |\n|---|---|\n| loop | 23 |\n\n```yaml figures\n" + figures + "```\n"
+    parts = ["# Report\n"]
+    for heading in ("Question and hypothesis", "Environment", "Workload", "Method", "Correctness criterion",
+                    "Results", "Conclusion and limits"):
+        text = {"Environment": "TODO", "Results": results}.get(heading, body.get(heading, ""))
+        parts.append(f"## {heading}\n{text}\n")
+    return "\n".join(parts)
+
+
+GOOD = "loop_ns: 23\ngpu_gbps: 3500\nshare: 0.35\nintensity: 1365.3\n"
+
+
+@pytest.fixture
+def write(tmp_path, machine):
+    def _write(text: str) -> Path:
+        path = tmp_path / "report.md"
+        path.write_text(text)
+        stamp_environment(path, machine)
+        return path
+    return _write
+
+
+def _check(path, machine, measured=MEASURED, statuses=PASSED, spec=SPEC, template=None):
+    return check_report(path, spec, machine, template=template, measured=measured, statuses=statuses)
+
+
+def test_figures_within_the_tolerance_pass(write, machine):
+    compared = _check(write(_report(GOOD)), machine)
+    assert compared["loop_ns"] == {"value": 23.0, "target": 25.0, "unit": ""}  # target: the grader's own
+    assert compared["gpu_gbps"]["target"] == 3700.0 and compared["intensity"]["target"] == 1365.33
+
+
+@pytest.mark.parametrize("line, name", [
+    ("loop_ns: 230", "loop_ns"),          # invented: 9x the grader's measurement
+    ("gpu_gbps: 9000", "gpu_gbps"),       # above anything the grader measured
+    ("share: 0.9", "share"),              # an absolute tolerance for a share
+    ("intensity: 2048", "intensity"),     # a figure that follows from the configuration
+])
+def test_an_invented_figure_fails_naming_both_numbers(write, machine, line, name):
+    key = line.split(":")[0]
+    figures = re.sub(rf"^{key}: .*$", line, GOOD, flags=re.MULTILINE)
+    with pytest.raises(LabCheckFailed, match=rf"report.md: {name} = .* but the grader measured"):
+        _check(write(_report(figures)), machine)
+
+
+def test_prose_in_any_wording_passes(write, machine):
+    terse = {k: "Filled, in words nobody's regular expression expects: " + k.lower() + " ok."
+             for k in PROSE}
+    _check(write(_report(GOOD, terse)), machine)
+
+
+@pytest.mark.parametrize("prose", [{"Method": "TODO: the warm-up"}, {"Workload": ""}, {"Method": "ok"}])
+def test_unfilled_prose_fails(write, machine, prose):
+    with pytest.raises(LabCheckFailed, match="in your own words"):
+        _check(write(_report(GOOD, prose)), machine)
+
+
+def test_the_templates_text_with_its_todo_deleted_fails(write, machine, tmp_path):
+    template = tmp_path / "template.md"
+    template.write_text("## Method\nTODO: the number of warm-up calls and of repetitions.\n")
+    path = write(_report(GOOD, {"Method": "the number of warm-up calls and of repetitions."}))
+    with pytest.raises(LabCheckFailed, match=r"\['Method'\]"):
+        _check(path, machine, template=template)
+
+
+def test_a_missing_or_unparsable_figure_fails_with_the_fix(write, machine):
+    with pytest.raises(LabCheckFailed, match="lacks 'share': a share"):
+        _check(write(_report(GOOD.replace("share: 0.35\n", "share:\n"))), machine)
+    with pytest.raises(LabCheckFailed, match="write a plain number"):
+        _check(write(_report(GOOD.replace("23", "23 ns"))), machine)
+    with pytest.raises(LabCheckFailed, match="no figures block"):
+        _check(write(_report(GOOD).replace("```yaml figures", "```")), machine)
+
+
+def test_a_blocked_check_leaves_its_figure_out_but_a_failed_one_fails_the_report(write, machine):
+    path = write(_report(GOOD.replace("gpu_gbps: 3500\n", "")))
+    _check(path, machine, measured={"overhead": MEASURED["overhead"]},
+           statuses={"overhead": "passed", "bandwidth": "blocked"})
+    with pytest.raises(LabCheckFailed, match="'bandwidth', which measures it, did not pass in this grade"):
+        _check(write(_report(GOOD)), machine, statuses={"overhead": "passed", "bandwidth": "failed"})
+
+
+def test_the_environment_must_be_this_machines(tmp_path, machine):
+    path = tmp_path / "report.md"
+    path.write_text(_report(GOOD).replace("## Environment\nTODO", "## Environment\n- torch: 0.0.1"))
+    with pytest.raises(LabCheckFailed, match="does not state this machine's"):
+        _check(path, machine)
+
+
+def test_read_figures_refuses_two_blocks():
+    text = "```yaml figures\na: 1\n```\n\n```figures\nb: 2\n```\n"
+    with pytest.raises(LabCheckFailed, match="2 figures blocks"):
+        read_figures(text, "report.md")
+    assert read_figures("```figures\na: 1  # note\nb:\n```\n", "r.md") == {"a": 1.0}
+
+
+def test_lab_yaml_figures_name_a_source():
+    with pytest.raises(ValueError, match="either `check` and `measured`, or `expected`"):
+        Report.model_validate({"file": "r.md", "figures": [{"name": "x", "meaning": "m"}]})
+    assert Report.model_validate("report.md").figures == []  # `report: report.md` still loads
+
+
+# ------------------------------------------------------------------ every lab's report files
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_each_lab_asks_for_its_own_report(lab):
+    """The starter names every figure lab.yaml asks for, with no value; the solution gives each a number;
+    figures that follow from the configuration are right in the solution; no two weeks share a template."""
+    spec = load_lab(lab / "lab.yaml").report
+    starter = (lab / "starter" / spec.file).read_text()
+    solution = (lab / "solution" / spec.file).read_text()
+    names = {f.name for f in spec.figures}
+    if names:
+        assert read_figures(starter, "starter") == {}
+        assert set(re.findall(r"^(\w+):", FIGURES_BLOCK.search(starter).group(1), re.MULTILINE)) == names
+        given = read_figures(solution, "solution")
+        assert set(given) == names
+        for figure in spec.figures:
+            if figure.expected is not None:
+                assert abs(given[figure.name] / figure.expected - 1) < figure.factor - 1 + 1e-9
+    headline = starter.splitlines()[0]
+    others = [p for p in LABS if p != lab and (p / "starter" / spec.file).read_text().splitlines()[0] == headline]
+    assert not others, f"{lab.name} shares its report template's title with {others}"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_each_starter_report_fails_with_a_teaching_message(lab, tmp_path, machine):
+    spec = load_lab(lab / "lab.yaml").report
+    path = tmp_path / spec.file
+    path.write_text((lab / "starter" / spec.file).read_text())
+    stamp_environment(path, machine)
+    with pytest.raises(LabCheckFailed, match="in your own words"):
+        check_report(path, spec, machine, template=lab / "starter" / spec.file)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_each_solution_reports_prose_passes(lab, tmp_path, machine):
+    spec = load_lab(lab / "lab.yaml").report
+    path = tmp_path / spec.file
+    path.write_text((lab / "solution" / spec.file).read_text())
+    stamp_environment(path, machine)
+    blocked = {f.check: "blocked" for f in spec.figures if f.check}  # figures are compared in the lab proofs
+    check_report(path, spec, machine, template=lab / "starter" / spec.file, statuses=blocked)
+
+
+def test_labs_are_the_courses():
+    assert [lab.name for lab in LABS] == [Course(REPO).lab(f"week{n:02d}").path.name for n in range(1, 11)]
