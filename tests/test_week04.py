@@ -45,11 +45,35 @@ VARIANTS = {
         "autograd instead of the Function": ("autograd-gradcheck", replace_once(
             "return RMSNormFunction.apply(x, weight, eps)",
             "return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight")),
+        # class 4: the Function is used, but its backward has autograd differentiate a recomputed forward
+        "backward by torch.autograd.grad inside the Function": ("autograd-gradcheck", replace_once(
+            "        g = grad_out * weight\n"
+            "        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))\n"
+            "        grad_weight = (grad_out * x_hat).reshape(-1, x_hat.shape[-1]).sum(0)\n",
+            "        with torch.enable_grad():\n"
+            "            x = (x_hat / rstd).detach().requires_grad_()\n"
+            "            w = weight.detach().requires_grad_()\n"
+            "            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w\n"
+            "            grad_x, grad_weight = torch.autograd.grad(y, (x, w), grad_out)\n")),
+        "backward by torch.func.vjp inside the Function": ("autograd-gradcheck", replace_once(
+            "        g = grad_out * weight\n"
+            "        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))\n"
+            "        grad_weight = (grad_out * x_hat).reshape(-1, x_hat.shape[-1]).sum(0)\n",
+            "        def f(x, w):\n"
+            "            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w\n"
+            "        _, vjp = torch.func.vjp(f, x_hat / rstd, weight)\n"
+            "        grad_x, grad_weight = vjp(grad_out)\n")),
         "eps outside the square root": ("autograd-matches-unfused", replace_once(
             "rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
             "rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) + eps")),
     },
     "blocks.py": {
+        # class 4: right values from tensor ops, but the hand-written backward is bypassed
+        "norm that bypasses the Function": ("block-norm", replace_once(
+            "return rms_norm(x.float(), self.weight.float(), self.eps).to(x.dtype)",
+            "x32 = x.float()\n"
+            "        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float())"
+            ".to(x.dtype)")),
         "attention without the causal mask": ("block-attention", replace_once(
             'probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)', "probs = scores.softmax(dim=-1)")),
         "attention without the 1/sqrt(d) scale": ("block-attention", replace_once(

@@ -30,6 +30,29 @@ def _require_own_function(learner, fn, x, w):
                              "backward: return RMSNormFunction.apply(x, weight, eps) so your backward is the one used")
 
 
+def _require_hand_written_backward(learner, fn, x, w):
+    """The backward, watched by the profiler and by saved-tensor hooks, evaluates no autograd node but the
+    Function's own and builds no graph; its gradients (observed) equal autograd's of the unfused ops."""
+    got = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:backward_evidence",
+                                            (fn.rms_norm._handle, fn.RMSNormFunction._handle, x, w, EPS)))
+    if not (isinstance(got, dict) and isinstance(got.get("others"), list) and type(got.get("saved")) is int):
+        raise LabCheckFailed(f"the watched backward of rms_norm came back malformed ({str(got)[:200]})")
+    if got["others"] or got["saved"] or got.get("error"):
+        seen = f"evaluated autograd nodes {got['others'][:6]}" if got["others"] else \
+            f"saved {got['saved']} tensors for a backward of its own" if got["saved"] else got["error"]
+        raise LabCheckFailed(
+            f"RMSNormFunction.backward lets autograd compute the gradients ({seen}): write dx and dweight "
+            "yourself from the saved tensors, with tensor ops only (no torch.autograd.grad, torch.func or "
+            "torch.enable_grad in backward)")
+    grads = got.get("grads")
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    true = torch.autograd.grad(_unfused(x2, w2).sum(), (x2, w2))
+    for name, mine, want in zip(("dx", "dweight"), grads or (None, None), true):
+        # compared with what the unwatched gradcheck saw: a backward that changes when watched fails here
+        assert_close(mine, want, rtol=GRAD_RTOL, atol=GRAD_ATOL * max(1.0, want.abs().max().item()),
+                     what=f"{name} of rms_norm while the backward was watched (profiler, saved-tensor hooks)")
+
+
 def _diagnose(fn, x, w) -> str:
     """Which gradient is wrong, and by roughly what factor, against autograd of the unfused ops."""
     grad_out = torch.randn(x.shape, dtype=x.dtype)
@@ -55,6 +78,8 @@ def test_gradcheck(learner, fn):
         if not torch.autograd.gradcheck(fn.rms_norm, (x, w, EPS), raise_exception=False):
             raise LabCheckFailed(f"gradcheck in float64 fails for x of shape {what}: {_diagnose(fn, x, w)}. "
                                  "Derive dx through r = 1/sqrt(mean(x^2) + eps), which depends on every x of the row.")
+    _require_hand_written_backward(learner, fn, torch.randn(4, 9, dtype=torch.float64),
+                                   torch.randn(9, dtype=torch.float64))
 
 
 @pytest.mark.check("autograd-matches-unfused")

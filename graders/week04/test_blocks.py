@@ -73,8 +73,25 @@ def _cases(seed):
                                                              f"(seed {seed})"
 
 
+def _require_through_function(learner, module, x, what):
+    """The norm's output graph holds the learner's RMSNormFunction: the block uses the hand-written backward."""
+    function = learner.module("rmsnorm_function").RMSNormFunction
+    got = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:norm_nodes",
+                                            (module._handle, function._handle, x)))
+    if not (isinstance(got, dict) and got.get("through") is True):
+        nodes = got.get("nodes") if isinstance(got, dict) else got
+        raise LabCheckFailed(f"{what}: the output's autograd graph ({str(nodes)[:200]}) has no RMSNormFunction "
+                             "node: RMSNorm.forward must call your rms_norm from rmsnorm_function.py, so its "
+                             "backward is the one the block uses")
+
+
 @pytest.mark.check("block-norm")
 def test_norm(learner, blocks, seed):
+    for cfg in CONFIGS:
+        x = torch.randn(2, 3, cfg.d_model)
+        _require_through_function(learner, blocks.RMSNorm(cfg.d_model), x, f"RMSNorm({cfg.d_model}) in fp32")
+        _require_through_function(learner, blocks.RMSNorm(cfg.d_model), x.bfloat16(),
+                                  f"RMSNorm({cfg.d_model}) in bf16")
     for cfg, x, what in _cases(seed):
         reference = RMSNorm(cfg.d_model)
         with torch.no_grad():
