@@ -1,8 +1,11 @@
 """Week 3 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+from pathlib import Path
+
 import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +38,27 @@ VARIANTS = {
         "    return torch.cat(seqs), unpack",
         "    fixed = [torch.nn.functional.pad(s, (0, 256 - len(s))) for s in seqs]\n"
         "    return torch.cat(fixed), lambda logits: [o[:n] for o, n in zip(logits.split(256), lengths)]")),
+    # class 1: Little's law made an identity (throughput = clients / latency) with latency missing the queue
+    "throughput derived from latency": ("littles-law", EXPERIMENT, lambda text: replace_once(
+        "latencies.append(time.perf_counter() - submitted)", "latencies.append(time.perf_counter() - started)")(
+        replace_once('"throughput_rps": len(latencies) / wall,',
+                     '"throughput_rps": concurrency / statistics.fmean(latencies),')(text))),
+    # class 1: a measure that never runs the model, its figures made up from the token counts
+    "measure never runs the model": ("utilisation-reported", EXPERIMENT, replace_once(
+        "        unpack(model(tokens))\n        sync()\n", "        time.sleep(1e-4)\n")),
+    # class 1: a hard-coded throughput, consistent in itself (the ratio is right)
+    "hard-coded throughput": ("utilisation-reported", EXPERIMENT, replace_once(
+        '"useful_tokens_per_s": useful / wall,', '"useful_tokens_per_s": 5e6 * useful / computed,')),
+    # class 1: the table's throughput invented to fit the latency, never clocked
+    "table throughput invented": ("littles-law", EXPERIMENT, replace_once(
+        '"throughput_rps": len(latencies) / wall,', '"throughput_rps": 2 * concurrency / statistics.fmean(latencies),')),
+    # class 2: a sabotaged pad cannot make a wasteful pack pass: the baseline is the grader's own padding
+    "pad sabotaged to flatter a padding pack": ("effective-gain", SCHEMES, lambda text: replace_once(
+        "    return torch.cat(seqs), unpack",
+        "    fixed = [torch.nn.functional.pad(s, (0, 256 - len(s))) for s in seqs]\n"
+        "    return torch.cat(fixed), lambda logits: [o[:n] for o, n in zip(logits.split(256), lengths)]")(
+        replace_once("    tokens = pad_sequence(seqs, batch_first=True)",
+                     "    import time; time.sleep(0.05)\n    tokens = pad_sequence(seqs, batch_first=True)")(text))),
 }
 
 
@@ -42,3 +66,25 @@ VARIANTS = {
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, file, edit = VARIANTS[name]
     assert_variant_fails(grade_lab, "week03", check_id, {file: edit})
+
+
+HONEST = Path(__file__).parent / "fixtures" / "honest" / "week03"
+
+
+@pytest.mark.parametrize("style", ["threads_condition", "events_barrier"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
+    """Written from the handout alone, unlike the reference: a grader that fails one of them is wrong."""
+    edits = {path.name: path.read_text() for path in (HONEST / style).glob("*.py")}
+    assert_solution_passes(grade_lab, machine, "week03", edits=edits)
+
+
+def test_report_in_other_words_passes(grade_lab):
+    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
+    _, checks = grade_lab("week03", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_report_with_an_invented_figure_fails(grade_lab, machine):
+    _, checks = grade_lab("week03", edits={"report.md": invented("pad_utilisation", 0.5)})
+    assert checks["report"].status == "failed"
+    assert "pad_utilisation = " in checks["report"].message and "the grader measured" in checks["report"].message
