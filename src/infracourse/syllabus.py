@@ -139,7 +139,7 @@ class ReportFigure(_Strict):
         default="value", description="The recorded figure's field to compare with: 'value' (the learner's code, "
         "measured by the grader) or 'target' (the grader's own measurement).")
     expected: float | None = Field(default=None, description="The value, when no check measures it (`check` None).")
-    factor: float = Field(default=1.01, ge=1, description="Accepted ratio either side of the grader's figure.")
+    factor: float = Field(default=1, ge=1, description="Accepted ratio either side of the grader's figure (1: none).")
     absolute: float = Field(default=0, ge=0, description="Accepted absolute difference (for figures near zero).")
 
     @model_validator(mode="after")

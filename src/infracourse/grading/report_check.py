@@ -99,7 +99,8 @@ def compare_figures(reported: dict[str, float], spec: Report, measured: dict[str
         mine = reported[figure.name]
         if not _agree(mine, ours, figure):
             raise LabCheckFailed(
-                f"{name}: {figure.name} = {mine:.4g} in your figures block, but the grader measured {ours:.4g} "
+                f"{name}: {figure.name} = {mine:.4g} in your figures block, but the grader "
+                f"{'measured' if figure.check else 'computes, for this configuration,'} {ours:.4g} "
                 f"({figure.meaning}; {_tolerance(figure)}). Report the figure your own run printed for this "
                 "configuration, on this machine, in the unit asked for")
         compared[figure.name] = {"value": mine, "target": ours, "unit": ""}
