@@ -1,9 +1,10 @@
-"""The weekly report (report.md): its sections, the check that it is filled, and the environment stamp.
+"""The weekly report (report.md): its sections, what a template's placeholder looks like, and the environment stamp.
 
 Every lab's report follows the weekly loop of the syllabus (§8 of the outline): question and hypothesis,
 environment, workload, method (warm-up, repetitions, timing and synchronisation), correctness criterion,
-results with raw data, conclusion and limits. A report is checked for being filled in and for agreeing
-with the machine it is graded on; `infracourse report weekNN` writes this machine's facts into it.
+results with raw data, conclusion and limits. The report check (grading.report_check, configured by each
+lab.yaml's `report:`) reads its sections with `sections`; `infracourse report weekNN` writes this machine's
+facts into it with `stamp_environment`.
 """
 from __future__ import annotations
 
@@ -54,35 +55,3 @@ def stamp_environment(path: Path, hardware: Hardware) -> None:
         raise LabCheckFailed(f"{path.name} has no '## Environment' section to stamp: restore the template's headings")
     stamped = pattern.sub(lambda m: m.group(1) + "\n" + environment_lines(hardware) + "\n\n", text, count=1)
     path.write_text(stamped, encoding="utf-8")
-
-
-Rule = tuple[str, str]  # (regex, what the section must state)
-# What every timed lab's Method section must say (the device-programming block's acceptance asks for it).
-SYNC_STATED: Rule = (r"synchroni[sz]e|cuda\.Event|elapsed_time|do_bench|measure\(",
-                     "how the device is synchronised around the timed region (events, torch.cuda.synchronize, ...)")
-
-
-def check_report(path: Path, hardware: Hardware, *, required: dict[str, Rule | list[Rule]] | None = None) -> dict:
-    """Fail unless every section is filled, the environment is this machine's, and each `required` rule
-    (section -> one (regex, meaning) or a list of them) is met. Returns the sections."""
-    if not path.exists():
-        raise LabCheckFailed(f"{path.name} is missing: copy the template back with `infracourse reset` and fill it")
-    found = sections(path.read_text(encoding="utf-8"))
-    missing = [s for s in SECTIONS if s not in found]
-    if missing:
-        raise LabCheckFailed(f"{path.name} lacks the section(s) {missing}: keep the template's '## ' headings")
-    empty = [s for s in SECTIONS if len(found[s]) < 20 or PLACEHOLDER.search(found[s])]
-    if empty:
-        raise LabCheckFailed(f"{path.name}: fill in {empty} (each needs real content, with no TODO left)")
-    env = found["Environment"]
-    for label, value in (("torch", hardware.torch), ("device", hardware.device_name)):
-        if value and value not in env:
-            raise LabCheckFailed(
-                f"{path.name}: the Environment section does not state this machine's {label} ({value}); the numbers "
-                "must come from the machine you grade on. Run `infracourse report <week>` to stamp it, then "
-                "re-measure if your figures came from elsewhere")
-    for section, rules in (required or {}).items():
-        for pattern, meaning in [rules] if isinstance(rules, tuple) else rules:
-            if not re.search(pattern, found[section], re.IGNORECASE | re.MULTILINE):
-                raise LabCheckFailed(f"{path.name}: the {section} section must state {meaning}")
-    return found
