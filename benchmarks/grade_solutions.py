@@ -38,16 +38,14 @@ def main() -> None:
             shutil.copytree(lab.solution, folder)
             if lab.spec.report:
                 stamp_environment(folder / lab.spec.report, hw)
-            result = grade(course, lab.spec.week, folder, hardware=hw)
+            result = grade(course, lab, folder, hardware=hw)
             results.append(result.as_dict())
             print(f"\n### {result.week}: {'complete' if result.complete else 'NOT complete'}"
                   f"{' and verified on GPU' if result.verified_on_gpu else ''} ({result.seconds:.1f} s)")
             print("| check | status | figures | message |\n|---|---|---|---|")
             for c in result.checks:
-                figures = "; ".join(
-                    f"{name} {f['value']:.4g} {f.get('unit') or ''}".strip() +
-                    (f" (target {f['target']:.4g})" if isinstance(f.get("target"), (int, float)) else "")
-                    for name, f in c.figures.items() if isinstance(f.get("value"), (int, float)))
+                figures = "; ".join(f"{name} {measured}" + (f" (target {target})" if target else "")
+                                    for name, f in c.figures.items() for measured, target in [f.shown()])
                 print(f"| {c.id} | {c.status} | {figures} | {c.message[:200].replace('|', '/')} |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

@@ -80,7 +80,7 @@ def grade_lab(course, machine, tmp_path):
             path = folder / name
             new = change(path.read_text()) if callable(change) else change
             path.write_text(new)
-        result = grade(course, week, folder, hardware=machine)
+        result = grade(course, lab, folder, hardware=machine)
         return result, {c.id: c for c in result.checks}
 
     return _grade

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from infracourse.grading.plots import kernel_figures, write_kernel_plots
-from infracourse.grading.results import CheckResult, GradeResult
+from infracourse.grading.results import CheckResult, FigureError, GradeResult
 from infracourse.hardware import Ceilings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -74,9 +74,19 @@ def test_a_grade_without_timed_kernels_draws_nothing(tmp_path):
     assert not (tmp_path / "plots").exists()
 
 
-def test_bad_figures_are_skipped_not_drawn(tmp_path):
-    broken = _grade([_check("bandwidth", {"nan": {"value": 1.0, "bytes": 8, "flops": 1, "seconds": float("nan")},
-                                          "zero": {"value": 1.0, "bytes": 0, "flops": 1, "seconds": 1e-6},
-                                          "text": {"value": 1.0, "bytes": "8", "flops": 1, "seconds": "x"}})])
-    assert [f.label for f in kernel_figures(broken)] == ["zero"]
-    assert write_kernel_plots(broken, CEILINGS, tmp_path) == []  # no bytes: neither a point nor a pair
+@pytest.mark.parametrize("bad", [{"value": 1.0, "bytes": 8, "flops": 1, "seconds": float("nan")},
+                                 {"value": 1.0, "bytes": "8", "flops": 1, "seconds": "x"},
+                                 {"value": 1.0, "bytes": -8, "flops": 1, "seconds": 1e-6}], ids=["nan", "text", "negative"])
+def test_bad_figures_never_reach_a_plot(tmp_path, bad):
+    with pytest.raises(FigureError, match="figure 'bad'"):  # refused where a grade is built (grading.results.Figure)
+        _check("bandwidth", {"bad": bad})
+    stored = _grade([_check("bandwidth", {})]).as_dict()
+    stored["checks"][0]["figures"] = {"bad": bad}
+    with pytest.raises(FigureError):  # and where a stored grade is read back
+        write_kernel_plots(stored, CEILINGS, tmp_path)
+
+
+def test_zero_bytes_is_neither_a_point_nor_a_pair(tmp_path):
+    zero = _grade([_check("bandwidth", {"zero": {"value": 1.0, "bytes": 0, "flops": 1, "seconds": 1e-6}})])
+    assert [(f.label, f.bytes) for f in kernel_figures(zero)] == [("zero", None)]
+    assert write_kernel_plots(zero, CEILINGS, tmp_path) == []

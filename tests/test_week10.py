@@ -13,9 +13,9 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
         assert "needs a CUDA GPU" in checks["end-to-end"].message
     else:  # the reference solution's targets on the H200: >= 85 % of copy bandwidth, faster than F.rms_norm
         for figure in checks["forward-bandwidth"].figures.values():
-            assert figure["fraction_of_ceiling"] >= 0.85, checks["forward-bandwidth"].figures
+            assert figure.fraction_of_ceiling >= 0.85, checks["forward-bandwidth"].figures
         for figure in checks["forward-vs-torch"].figures.values():
-            assert figure["value"] >= 1.0, checks["forward-vs-torch"].figures
+            assert figure.value >= 1.0, checks["forward-vs-torch"].figures
 
 
 def test_starter_fails_and_says_what_to_do(grade_lab):

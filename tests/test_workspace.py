@@ -73,7 +73,7 @@ def test_progress_records_and_summarises(tmp_path):
     store.record(_result(status="failed"))
     store.record(_result())
     assert store.weeks_summary() == {"week01": {"attempts": 2, "passed": True, "verified_on_gpu": False}}
-    assert store.last_grade("week01").checks[0].figures["x"]["value"] == 2.0
+    assert store.last_grade("week01").checks[0].figures["x"].value == 2.0
     assert store.next_hint_index("week01", 2) == 1
     assert store.next_hint_index("week01", 2) == 2
     assert store.next_hint_index("week01", 2) == 2

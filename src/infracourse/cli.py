@@ -259,7 +259,7 @@ def _grade(ws, course, week, quiet: bool = False):
             else:
                 bar.advance(task)
 
-        return run_grade(course, week.id, folder, on_event=on_event)
+        return run_grade(course, lab, folder, on_event=on_event)
 
 
 @_command()

@@ -70,7 +70,7 @@ def grading_problems(course: Course, lab: LabDir) -> list[str]:
             shutil.copytree(getattr(lab, side), folder)
             if side == "solution" and lab.spec.report:
                 stamp_environment(folder / lab.spec.report, hw)
-            result = grade(course, lab.spec.week, folder, hardware=hw)
+            result = grade(course, lab, folder, hardware=hw)
             if side == "starter" and result.complete:
                 problems.append(f"{lab.starter}: the untouched starter completes the week; its checks cannot fail")
             if side == "solution" and not result.complete:

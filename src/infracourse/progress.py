@@ -170,9 +170,9 @@ class Progress:
             grade_id = cur.lastrowid
             rows = []
             for c in result.checks:
-                head = c.headline or {}
-                rows.append((grade_id, c.id, c.status, c.message, _number(head.get("value")),
-                             _number(head.get("target")), head.get("unit")))
+                head = c.headline
+                rows.append((grade_id, c.id, c.status, c.message, head and head.value, head and head.target,
+                             head and head.unit))
             db.executemany("INSERT INTO checks VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             return grade_id
 
@@ -230,10 +230,6 @@ def _permission_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "readonly" in text or "read-only" in text or "unable to open" in text or \
         getattr(exc, "sqlite_errorcode", None) in (8, 14) or getattr(exc, "errno", None) in (errno.EACCES, errno.EROFS)
-
-
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _now() -> str:

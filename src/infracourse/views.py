@@ -109,11 +109,7 @@ def print_status(console: Console, rows: list[dict], next_command: str) -> None:
 
 def _figure(check) -> tuple[str, str]:
     head = check.headline
-    if not head or head.get("value") is None:
-        return "", ""
-    unit = head.get("unit") or ""
-    target = head.get("target")
-    return f"{head['value']:.4g} {unit}".strip(), (f"{target:.4g} {unit}".strip() if target is not None else "")
+    return head.shown() if head else ("", "")
 
 
 def print_grade(console: Console, result: GradeResult, plots: list[Path] = ()) -> None:

@@ -369,14 +369,12 @@ def check_claims(bundle: Bundle, check_ids: set[str]) -> None:
             refuse(f"check {check.id!r} needs {check.needs} but passed on a machine without a GPU")
         if not _nonnegative(check.seconds):
             refuse(f"check {check.id!r} took {check.seconds!r} s")
-        for name, figure in check.figures.items():
-            if not isinstance(figure, dict):
-                refuse(f"figure {check.id}/{name} is not a recorded figure")
-            value, unit = figure.get("value"), str(figure.get("unit") or "")
-            if unit in NONNEGATIVE_UNITS and not _nonnegative(value):  # other figures may be signed, or NaN
+        for name, figure in check.figures.items():  # each a Figure: finite, typed (checked as results.json loaded)
+            value, unit = figure.value, figure.unit
+            if unit in NONNEGATIVE_UNITS and value < 0:  # other figures may be signed
                 refuse(f"figure {check.id}/{name} = {value!r} {unit}: a time or rate is never negative")
-            share = figure.get("fraction_of_ceiling")
-            if share is not None and not (_nonnegative(share) and share <= MAX_FRACTION_OF_CEILING):
+            share = figure.fraction_of_ceiling
+            if share is not None and share > MAX_FRACTION_OF_CEILING:
                 refuse(f"figure {check.id}/{name} claims {share!r} of its device's ceiling (at most "
                        f"{MAX_FRACTION_OF_CEILING} is physically possible)")
 

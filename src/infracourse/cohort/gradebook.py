@@ -401,15 +401,10 @@ def _insert_result(db: sqlite3.Connection, submission_id: int, origin: str, resu
          result.count("passed"), len(result.checks), int(result.complete), int(result.verified_on_gpu),
          json.dumps(environment), json.dumps(ceilings) if ceilings else None, json.dumps(disagreements),
          result_json or json.dumps(result.as_dict())))
-    rows = [(cur.lastrowid, c.id, name, float(f["value"]), str(f.get("unit") or ""), normalised(f, ceilings))
+    rows = [(cur.lastrowid, c.id, name, f.value, f.unit, normalised(f, ceilings))
             for c in result.checks if c.kind == "performance" and c.status in MEASURED
-            for name, f in c.figures.items() if isinstance(f, dict) and _finite(f.get("value"))]
+            for name, f in c.figures.items()]
     db.executemany("INSERT INTO figures VALUES (?, ?, ?, ?, ?, ?)", rows)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and abs(value) != float("inf")
 
 
 def _now() -> str:

@@ -12,17 +12,17 @@ but a learner's machine can claim anything.
 from __future__ import annotations
 
 from infracourse.course import LabDir
+from infracourse.grading.results import Figure
 
 MEASURED = ("passed", "failed")  # a performance figure counts only when correctness let it be measured
 
 
-def normalised(figure: dict, ceilings: dict | None) -> float | None:
+def normalised(figure: Figure, ceilings: dict | None) -> float | None:
     """The figure as a fraction of the ceiling of the device that measured it (None when there is none)."""
-    fraction = figure.get("fraction_of_ceiling")
-    if _number(fraction):
-        return float(fraction)
-    value, unit = figure.get("value"), figure.get("unit") or ""
-    if not _number(value) or not ceilings:
+    if figure.fraction_of_ceiling is not None:
+        return figure.fraction_of_ceiling
+    value, unit = figure.value, figure.unit
+    if not ceilings:
         return None
     if unit == "GB/s" and _number(ceilings.get("copy_gbps")) and ceilings["copy_gbps"] > 0:
         return value / ceilings["copy_gbps"]

@@ -6,7 +6,8 @@ other way round).
 - `hardware`  this machine (infracourse.hardware.Hardware)
 - `device`    "cuda" when a GPU is present, else "cpu"
 - `ceilings`  calibrated copy bandwidth and matmul rates of this GPU (measured once, cached)
-- `record`    record(name, value, target=None, unit="") stores a measured figure with the check's result
+- `record`    record(name, value, target=None, unit="", **extra) stores a measured figure (grading.results.Figure:
+              extra names its typed keys or DETAIL_KEYS) with the check's result
 - `seed`      a fresh random seed per attempt (printed with failures, so a learner can reproduce one)
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from infracourse.grading.results import Figure, FigureError
 
 CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at collection
 
@@ -90,7 +93,10 @@ def record(request):
     figures = request.node.__dict__.setdefault("_infracourse_figures", {})
 
     def _record(name: str, value: float, target: float | None = None, unit: str = "", **extra) -> None:
-        figures[name] = {"value": value, "target": target, "unit": unit, **extra}
+        try:
+            figures[name] = Figure.of(value, target=target, unit=unit, **extra)
+        except FigureError as exc:  # a NaN measured, or a grader's typo: never a figure that reads as a pass
+            raise FigureError(f"the figure {name!r} cannot be recorded: {exc}") from None
 
     return _record
 

@@ -2,11 +2,11 @@
 against the reference (torch, cuBLAS). PNG files drawn on matplotlib's Agg canvas: no display and no global
 pyplot state, so grading in a terminal or a CI job draws the same files.
 
-Graders record what the plots need with the figure they already record:
+Graders record what the plots need with the figure they already record (grading.results.Figure):
     record(name, value, ..., label="softmax 8192x4096 fp32", bytes=..., flops=..., seconds=...,
            reference_seconds=..., reference="torch.softmax")
 A figure with bytes, flops and seconds is a point on the roofline; one with seconds and reference_seconds is
-a pair of bars. Figures with the same label are one kernel: the first recorded is drawn.
+a pair of bars (zero counts as absent). Figures with the same label are one kernel: the first recorded is drawn.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from infracourse.grading.results import GradeResult
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class KernelFigure:
 
 
 def _positive(value: Any) -> float | None:
+    """A ceiling's number when it is a finite positive one (figures are checked by Figure already)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -48,19 +51,23 @@ def _positive(value: Any) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def kernel_figures(result: Any) -> list[KernelFigure]:
-    """The timed kernels a grade recorded, one per label, in the order the checks recorded them."""
-    data = result.as_dict() if hasattr(result, "as_dict") else result
+def _grade(result: GradeResult | dict) -> GradeResult:
+    return result if isinstance(result, GradeResult) else GradeResult.from_dict(result)
+
+
+def kernel_figures(result: GradeResult | dict) -> list[KernelFigure]:
+    """The timed kernels a grade (or its as_dict()) recorded, one per label, in the order the checks
+    recorded them."""
     found: dict[str, KernelFigure] = {}
-    for check in data.get("checks", []):
-        for name, figure in (check.get("figures") or {}).items():
-            if not isinstance(figure, dict) or _positive(figure.get("seconds")) is None:
+    for check in _grade(result).checks:
+        for name, figure in check.figures.items():
+            if not figure.seconds:
                 continue
-            label = str(figure.get("label") or name)
-            kernel = KernelFigure(label=label, check=check.get("id", ""), bytes=_positive(figure.get("bytes")),
-                                  flops=_positive(figure.get("flops")), seconds=_positive(figure.get("seconds")),
-                                  reference_seconds=_positive(figure.get("reference_seconds")),
-                                  reference=str(figure.get("reference") or "reference"))
+            label = figure.label or name
+            kernel = KernelFigure(label=label, check=check.id, bytes=figure.bytes or None,
+                                  flops=figure.flops or None, seconds=figure.seconds,
+                                  reference_seconds=figure.reference_seconds or None,
+                                  reference=figure.reference or "reference")
             known = found.get(label)
             if known is None:
                 found[label] = kernel
@@ -82,15 +89,14 @@ def _ceiling_values(ceilings: Any) -> tuple[float | None, dict[str, float], str]
     return _positive(get("copy_gbps")), peaks, str(get("device", "") or "")
 
 
-def write_kernel_plots(result: Any, ceilings: Any, out_dir: Path | str) -> list[Path]:
+def write_kernel_plots(result: GradeResult | dict, ceilings: Any, out_dir: Path | str) -> list[Path]:
     """Draw `<week>-roofline.png` and `<week>-times.png` into out_dir from a GradeResult (or its as_dict()).
 
     `ceilings` (hardware.Ceilings, its dict, or None) supplies the roofs; without them the points are drawn
     alone. Returns the files written: none when the grade recorded no timed kernel (a CPU-only grade)."""
-    data = result.as_dict() if hasattr(result, "as_dict") else result
-    week = str(data.get("week", "week"))
-    device = str(data.get("device", ""))
-    figures = kernel_figures(data)
+    grade = _grade(result)
+    week, device = grade.week or "week", grade.device
+    figures = kernel_figures(grade)
     out = Path(out_dir)
     written = []
     points = [f for f in figures if f.bytes and f.flops]

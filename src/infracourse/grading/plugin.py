@@ -3,7 +3,9 @@
 Loaded by the runner (`-p infracourse.grading.plugin`) in the judge process, which never imports learner
 code (the `learner` fixture reaches it through a sandboxed worker). Settings come from command-line options
 only, all set by the runner:
-  --infracourse-lab        lab.yaml of the week being graded (check ids, needs, requires)
+  --infracourse-lab        path of the week's lab.yaml (its folder holds the starter templates); not read here
+  --infracourse-spec       that lab.yaml as the runner parsed it (JSON, in the runner's private temporary folder):
+                           check ids, needs, requires, thresholds. lab.yaml is parsed once per grade, by the runner
   --infracourse-learner    folder holding the snapshot of the learner's files
   --infracourse-events-fd  inherited pipe: a `start` line before and a `result` line after every check
   --infracourse-settled    id=status pairs, comma-separated, of checks already settled (blocked here, or by an
@@ -25,8 +27,9 @@ import pytest
 from infracourse.grading.fixtures import CHECK_KEY
 from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
+from infracourse.grading.results import Figure
 from infracourse.guard import LabCheckFailed
-from infracourse.syllabus import load_lab
+from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "
 # Errors after which the CUDA context is unusable: the runner restarts a fresh process for the rest.
@@ -36,6 +39,7 @@ FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "u
 def pytest_addoption(parser):
     group = parser.getgroup("infracourse")
     group.addoption("--infracourse-lab", help="lab.yaml of the week being graded")
+    group.addoption("--infracourse-spec", help="that lab.yaml as the runner parsed it, as JSON")
     group.addoption("--infracourse-learner", help="folder with the snapshot of the learner's files")
     group.addoption("--infracourse-events-fd", type=int, help="inherited pipe for JSON-lines check events")
     group.addoption("--infracourse-settled", default="", help="id=status pairs already settled, comma-separated")
@@ -54,13 +58,13 @@ def pytest_configure(config):
 
 class _Session:
     def __init__(self, config):
-        self.lab = load_lab(Path(config.getoption("--infracourse-lab")))
+        self.lab = _spec(config)
         self.learner_dir = Path(config.getoption("--infracourse-learner")).resolve()
         self.events_fd = config.getoption("--infracourse-events-fd")
         pairs = [p.split("=", 1) for p in config.getoption("--infracourse-settled").split(",") if p]
         self.statuses: dict[str, str] = dict(pairs)
         self.skip = set(self.statuses)
-        self.figures: dict[str, dict] = {}  # check id -> the figures it recorded in this process
+        self.figures: dict[str, dict[str, Figure]] = {}  # check id -> the figures it recorded in this process
         self.worker = None  # started by the `learner` fixture on first use
         self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
         self.current: str | None = None  # the check running now
@@ -142,13 +146,22 @@ class _Session:
         self.statuses[check_id] = status
         figures = getattr(item, "_infracourse_figures", {})
         self.figures[check_id] = figures  # what this check measured, for the report check (grading.report_check)
-        self.emit(event="result", check=check_id, status=status, message=message, figures=figures, t=time.time(),
-                  duration=report.duration)
+        self.emit(event="result", check=check_id, status=status, message=message, t=time.time(),
+                  figures={name: figure.as_dict() for name, figure in figures.items()}, duration=report.duration)
         if fatal:
             os._exit(FATAL_EXIT)  # the device is unusable after this; the runner goes on in a fresh process
 
 
 _DONE = pytest.StashKey[bool]()
+
+
+def _spec(config) -> Lab:
+    """The lab spec the runner parsed (never lab.yaml itself: one parse per grade, in the runner)."""
+    path = config.getoption("--infracourse-spec")
+    if not path:
+        raise pytest.UsageError("--infracourse-spec is missing: graders run through `infracourse grade`, which "
+                                "passes the lab spec it parsed")
+    return Lab.model_validate_json(Path(path).read_bytes())
 
 
 def _busy_note() -> str:

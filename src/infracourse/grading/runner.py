@@ -3,7 +3,9 @@
 It decides here, from the hardware it detected, which checks are `blocked`, and never asks anyone else.
 The judge process (pytest with the graders) sends a `start` and a `result` event per check on a pipe it
 inherited; a result is accepted only for a check id of lab.yaml, only once, and only after that check's
-own start. A check with `requires` gets credit only if every required check was accepted as passed. A
+own start, and its figures only as grading.results.Figure accepts them. lab.yaml is parsed once per grade,
+here: the judge gets the parsed spec as JSON in the runner's private temporary folder (written afresh before
+each judge process starts; the sandboxed worker does not see that folder). A check with `requires` gets credit only if every required check was accepted as passed. A
 check that overruns its timeout gets the judge's process group killed (the sandboxed worker dies with
 it); a judge that dies leaves its running check as `error`, and grading goes on in a fresh process for
 the checks not yet settled. Every check in lab.yaml ends with a status; one never reported is an `error`.
@@ -24,9 +26,9 @@ from pathlib import Path
 from typing import Callable
 
 from infracourse import __version__, sandbox
-from infracourse.course import Course
+from infracourse.course import Course, LabDir
 from infracourse.grading.protocol import FATAL_EXIT, ProtocolError, validate_event
-from infracourse.grading.results import CheckResult, GradeResult
+from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
 from infracourse.hardware import Hardware, detect
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".backup-*", ".grade", ".ipynb_checkpoints")
@@ -49,10 +51,11 @@ def _signal_name(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def grade(course: Course, week_ref: str | int, files_dir: Path, *, hardware: Hardware | None = None,
+def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hardware: Hardware | None = None,
           on_event: EventHandler | None = None, timeout_scale: float = 1.0) -> GradeResult:
-    """Grade the learner files in `files_dir` for one week. Never raises for learner faults."""
-    lab = course.lab(week_ref)
+    """Grade the learner files in `files_dir` for one week (a week reference, or a LabDir the caller has
+    already loaded: then lab.yaml is not read again). Never raises for learner faults."""
+    lab = week_ref if isinstance(week_ref, LabDir) else course.lab(week_ref)
     hardware = hardware or detect()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
@@ -121,11 +124,14 @@ def _result(check, status: str, message: str, figures: dict | None = None, secon
 
 def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settled: dict[str, CheckResult],
               on_event: EventHandler | None, timeout_scale: float, hung: set[str]) -> tuple[dict[str, CheckResult], str]:
+    spec_path = work / "lab.json"  # the parsed lab.yaml, for the judge: afresh for every judge process
+    spec_path.write_text(lab.spec.model_dump_json(), encoding="utf-8")
     read_fd, write_fd = os.pipe()
     command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
                "-q", "--no-header", "-p", "no:cacheprovider",
-               "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-learner", str(snapshot),
+               "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-spec", str(spec_path),
+               "--infracourse-learner", str(snapshot),
                "--infracourse-events-fd", str(write_fd),
                "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items()),
                "--infracourse-hung", ",".join(sorted(hung))]
@@ -201,8 +207,14 @@ def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict,
         started.add(check.id)
         running = (check.id, time.monotonic())
     elif check.id in started and running and running[0] == check.id:
-        newly[check.id] = _result(check, event["status"], str(event.get("message", ""))[:4000],
-                                  event.get("figures") or {}, float(event.get("duration") or 0.0))
+        status, message = event["status"], str(event.get("message", ""))[:4000]
+        try:
+            figures = figures_of(event.get("figures") or {})
+        except FigureError as exc:  # the judge recorded what no Figure is: the check cannot stand on it
+            status, figures = "error", {}
+            message = f"the grader sent a malformed figure ({exc}); this is a course bug, please report it"
+        newly[check.id] = _result(check, status, message, figures, float(event.get("duration") or 0.0))
+        event = event | {"status": status}
         running = None
     else:
         return running  # a result without its own start first
