@@ -19,9 +19,9 @@ STATUSES = ("passed", "failed", "error", "blocked")
 # Descriptive keys a grader may record beside a figure (shown in result.json, read by no module). `record`
 # refuses any other name, so a misspelt `reference_seconds` fails the grader's own lab proof.
 DETAIL_KEYS = frozenset({"shape", "model", "batch", "calls_per_step", "peak_tflops", "copy_gbps",
-                         "ratio_to_reference"})
+                         "ratio_to_reference", "gbps", "torch_gbps", "timing", "reference_timing"})
 MAX_TEXT = 300  # a label, unit, reference or detail string
-MAX_DETAIL = 16  # detail keys of one figure, items of one detail list
+MAX_DETAIL = 16  # detail keys of one figure, items of one detail list or mapping
 
 
 class FigureError(ValueError):
@@ -47,7 +47,8 @@ def _number(value: Any, key: str, *, nonnegative: bool = False, optional: bool =
 
 
 def _plain(value: Any, key: str, depth: int = 0) -> Any:
-    """A detail value: text, a finite number, a bool, None, or a short list of those."""
+    """A detail value: text, a finite number, a bool, None, or a short list or mapping of those (a shape;
+    bench.Timing.as_dict())."""
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -58,7 +59,9 @@ def _plain(value: Any, key: str, depth: int = 0) -> Any:
         return _number(value, key)
     if isinstance(value, (list, tuple)) and depth == 0 and len(value) <= MAX_DETAIL:
         return [_plain(v, key, 1) for v in value]
-    raise FigureError(f"{key} must be text, a number or a short list of them, not {str(value)[:60]!r}")
+    if isinstance(value, dict) and depth == 0 and len(value) <= MAX_DETAIL:
+        return {_text(k, f"a key of {key}", optional=False): _plain(v, f"{key}.{k}", 1) for k, v in value.items()}
+    raise FigureError(f"{key} must be text, a number or a short list or mapping of them, not {str(value)[:60]!r}")
 
 
 @dataclass(frozen=True)
