@@ -22,7 +22,7 @@ SPEC = Report.model_validate({
          "compare_with": "target", "factor": 3},
         {"name": "gpu_gbps", "meaning": "bandwidth, GB/s", "check": "bandwidth", "measured": "bw", "factor": 1.5},
         {"name": "share", "meaning": "a share (0..1)", "check": "overhead", "measured": "share", "absolute": 0.1},
-        {"name": "intensity", "meaning": "FLOP/byte", "expected": 1365.33},
+        {"name": "intensity", "meaning": "FLOP/byte", "expected": 1365.33, "factor": 1.01},
     ],
 })
 MEASURED = {"overhead": {"loop": {"value": 11.0, "target": 25.0}, "share": {"value": 0.30}},
@@ -120,6 +120,13 @@ def test_a_blocked_check_leaves_its_figure_out_but_a_failed_one_fails_the_report
            statuses={"overhead": "passed", "bandwidth": "blocked"})
     with pytest.raises(LabCheckFailed, match="'bandwidth', which measures it, did not pass in this grade"):
         _check(write(_report(GOOD)), machine, statuses={"overhead": "passed", "bandwidth": "failed"})
+
+
+def test_a_passed_check_without_its_figure_is_an_error_not_a_failure(write, machine):
+    """Measured in an earlier judge process of the grade (restarted after a device fault): nothing to compare
+    with, which is not the learner's fault; the check errs (fails closed) instead of failing the report."""
+    with pytest.raises(RuntimeError, match="grade again"):
+        _check(write(_report(GOOD)), machine, measured={"overhead": MEASURED["overhead"]})
 
 
 def test_the_environment_must_be_this_machines(tmp_path, machine):

@@ -112,9 +112,12 @@ def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: di
         return float(figure.expected)
     status = statuses.get(figure.check, "not run")
     recorded = (measured.get(figure.check) or {}).get(figure.measured)
-    if status != "passed" or recorded is None:
+    if status != "passed":
         raise LabCheckFailed(f"{name}: {figure.name} cannot be checked: the check {figure.check!r}, which measures "
                              f"it, did not pass in this grade ({status}). Make it pass first")
+    if recorded is None:  # passed in an earlier judge process of this grade (restarted), or a course bug
+        raise RuntimeError(f"the grader has no {figure.measured!r} from check {figure.check!r} in this process to "
+                           f"compare {figure.name} with; grade again (not a fault of your report)")
     value = recorded.get(figure.compare_with) if isinstance(recorded, dict) else \
         getattr(recorded, figure.compare_with, None)
     if not isinstance(value, (int, float)):
