@@ -3,6 +3,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +22,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert checks["checkpoint-atomic"].status == "failed"
     assert "write the state atomically" in checks["checkpoint-atomic"].message
     assert checks["report"].status == "failed"
+    assert "in your own words" in checks["report"].message
 
 
 VARIANTS = {
@@ -31,6 +33,7 @@ VARIANTS = {
     "forgets the scheduler": ("resume-schedule", replace_once(
         '    scheduler.load_state_dict(state["scheduler"])\n', "")),
     "forgets the data position": ("resume-data", replace_once('    batches.load_state_dict(state["data"])\n', "")),
+    "forgets the GradScaler": ("resume-fp16-scaler", replace_once('    scaler.load_state_dict(state["scaler"])\n', "")),
     "forgets the optimizer state": ("resume-optimizer", replace_once(
         '    optimizer.load_state_dict(state["optimizer"])\n', "")),
     "repeats the checkpointed step": ("resume-step", replace_once('return state["step"]', 'return state["step"] - 1')),
@@ -47,7 +50,8 @@ VARIANTS = {
         "    with open(path, \"wb\") as f:\n        f.write(buffer.getvalue())\n")),
     # class 4: same losses, steps and final state as a resume, but the checkpoint is only read for its step
     "replays from the seed instead of loading": ("resume-follows-checkpoint", replace_once(
-        "    done = restore_state(load_checkpoint(path), model, optimizer, scheduler, batches) if path.exists() else 0\n",
+        "    done = restore_state(load_checkpoint(path), model, optimizer, scheduler, batches, scaler) \\\n"
+        "        if path.exists() else 0\n",
         "    done = load_checkpoint(path)[\"step\"] if path.exists() else 0\n"
         "    for _ in range(done):  # replayed silently from the seed\n"
         "        inputs, targets = batches.next(device)\n"
@@ -75,3 +79,9 @@ VARIANTS = {
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edit = VARIANTS[name]
     assert_variant_fails(grade_lab, "week05", check_id, {"train.py": edit})
+
+
+def test_report_in_other_words_passes(grade_lab):
+    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
+    _, checks = grade_lab("week05", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message

@@ -24,6 +24,7 @@ from infracourse.kit.resume_driver import NO_MODEL_STATE, NOT_WRITTEN, launch
 
 STEPS, SAVE_EVERY = 24, 3
 BF16_LOSS_RTOL = 1e-3
+INIT_SCALE, GROWTH_INTERVAL = 2.0 ** 10, 2  # the handout's GradScaler for fp16
 
 
 @dataclass
@@ -98,9 +99,9 @@ def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
         except Exception as exc:  # noqa: BLE001  (whatever makes the file unreadable is the finding)
             raise LabCheckFailed(f"the state after the {what} could not be read back ({type(exc).__name__}: "
                                  f"{str(exc)[:300]}): train() must return the kit's model, a torch optimizer and "
-                                 "scheduler, and the kit's Batches") from None
+                                 "scheduler, the kit's Batches and a torch.amp.GradScaler") from None
         if not isinstance(run.final, dict) or set(run.final) != set(RNG_HINT) | {"model", "optimizer",
-                                                                                     "scheduler", "data"}:
+                                                                                     "scheduler", "data", "scaler"}:
             raise LabCheckFailed(f"the state after the {what} is malformed")
     return run
 
@@ -322,6 +323,47 @@ def require_same_data(runs: KillAndResume) -> None:
 @pytest.mark.check("resume-data")
 def test_data(runs):
     require_same_data(runs)
+
+
+def require_same_scaler(runs: KillAndResume) -> None:
+    full, resumed = runs.full.final["scaler"], runs.resumed.final["scaler"]
+    if not (isinstance(full, dict) and full.get("growth_interval") == GROWTH_INTERVAL
+            and isinstance(full.get("scale"), float) and full["scale"] != INIT_SCALE):
+        raise LabCheckFailed(
+            f"under fp16 the returned GradScaler's state is {str(full)[:200]}: use torch.amp.GradScaler("
+            f"device_type, init_scale={INIT_SCALE:g}, growth_interval={GROWTH_INTERVAL}, enabled=precision == "
+            "'fp16'), scale the loss before backward and step and update through it")
+    if (where := first_difference(full, resumed)) is not None:
+        raise LabCheckFailed(
+            f"after resuming under fp16 the GradScaler differs at {where}: scale {resumed.get('scale')} and growth "
+            f"tracker {resumed.get('_growth_tracker')}, uninterrupted {full.get('scale')} and "
+            f"{full.get('_growth_tracker')} {runs.where()}. Save scaler.state_dict() in the checkpoint and load it: "
+            "a scale that restarts overflows, or skips steps, at other moments than the uninterrupted run.")
+
+
+@pytest.mark.check("resume-fp16-scaler")
+def test_fp16_scaler(learner, seed, tmp_path_factory, record):
+    """fp16 autocast with a GradScaler, killed and resumed on the CPU: the scaler's state round-trips."""
+    runs = kill_and_resume(learner.root, tmp_path_factory.mktemp("resume-fp16"), "cpu", "fp16", seed)
+    require_same_scaler(runs)
+    mismatch = _first_loss_mismatch(runs)
+    if mismatch:
+        raise LabCheckFailed(f"fp16 autocast on the CPU: {mismatch} {runs.where()}")
+    if (where := first_difference(runs.full.final["model"], runs.resumed.final["model"])) is not None:
+        raise LabCheckFailed(f"fp16 on the CPU: after resuming the weights differ at model.{where} {runs.where()}")
+    record("final loss scale", runs.full.final["scaler"]["scale"])
+
+
+@pytest.mark.check("resume-fp16-gpu")
+def test_fp16_on_gpu(learner, seed, tmp_path_factory, record):
+    runs = kill_and_resume(learner.root, tmp_path_factory.mktemp("resume-fp16-gpu"), "cuda", "fp16", seed)
+    require_same_scaler(runs)
+    mismatch = _first_loss_mismatch(runs, rtol=BF16_LOSS_RTOL)
+    if mismatch:
+        raise LabCheckFailed(f"fp16 autocast on the GPU: {mismatch} {runs.where()}")
+    require_same_rng(runs)
+    require_same_data(runs)
+    record("kill step", runs.kill_at)
 
 
 @pytest.mark.check("resume-bf16")

@@ -9,7 +9,7 @@ torch.load(weights_only=True), which rebuilds tensors and plain containers only)
   python -m infracourse.kit.resume_driver train LEARNER RUN_DIR STEPS SAVE_EVERY DEVICE PRECISION FINAL
       calls train(); prints one JSON line per step, flushed, so the grader can SIGKILL it at a step of its
       choosing; at a normal end writes FINAL: the live state after training (model, optimiser, scheduler,
-      data position, every RNG), read from the objects train() returned, never from the learner's checkpoint.
+      data position, loss scaler, every RNG), read from the objects train() returned, never from the learner's checkpoint.
   python -m infracourse.kit.resume_driver kill-while-saving LEARNER CHECKPOINT MARKER
       saves a first state, then a second one holding an object that SIGKILLs the process while it is being
       serialised; writes MARKER if anything opened CHECKPOINT itself for writing.
@@ -81,13 +81,14 @@ def _train(learner, run_dir, steps, save_every, device, precision, final):
 
     result = train.train(run_dir, int(steps), save_every=int(save_every), device=device, precision=precision,
                          on_step=on_step)
-    if not (isinstance(result, tuple) and len(result) == 4):
+    if not (isinstance(result, tuple) and len(result) == 5):
         raise TypeError(f"train() returned {type(result).__name__}; it must return "
-                        "(model, optimizer, scheduler, batches)")
-    model, optimizer, scheduler, batches = result
+                        "(model, optimizer, scheduler, batches, scaler)")
+    model, optimizer, scheduler, batches, scaler = result
     torch.save({
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "data": batches.state_dict(), "python": random.getstate(), "numpy": _plain(np.random.get_state()),
+        "data": batches.state_dict(), "scaler": scaler.state_dict(),
+        "python": random.getstate(), "numpy": _plain(np.random.get_state()),
         "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device == "cuda" else [],
     }, final)
 
