@@ -107,6 +107,17 @@ def test_sync_asynchronous_work(harness, slack, record):
     samples = _timed(harness, workload, warmup=2, reps=8, sync=workload.wait)
     median, job = statistics.median(samples), statistics.median(workload.durations)
     record("median sample", median * 1e3, target=job * 1e3, unit="ms")
+    # Every sample, not the median: each timed call's job ran inside its interval (the jobs run one after another,
+    # the last 8 are the timed calls'), so no sample may be shorter than its job. A harness that waits for some
+    # calls and not others, or syncs before the call instead of after it, leaves samples under that floor.
+    short = [(i, got, real) for i, (got, real) in enumerate(zip(samples, workload.durations[-8:]))
+             if got < real - 50e-6]
+    if short:
+        i, got, real = short[0]
+        raise LabCheckFailed(
+            f"{len(short)} of 8 samples are shorter than the job their call queued (sample {i}: {got * 1e3:.3f} ms, "
+            f"its job ran {real * 1e3:.3f} ms): the clock was read before the work finished. Call sync() after "
+            "fn and before reading the clock, on every repetition.")
     if median < 0.5 * job:
         raise LabCheckFailed(
             f"each call queues a {job * 1e3:.1f} ms job on a worker thread and returns at once; your harness measured "
@@ -128,6 +139,11 @@ def test_sync_cuda(harness, record):
     samples = _timed(harness, kernel, warmup=2, reps=10, sync=None)
     median = statistics.median(samples)
     record("median sample", median * 1e3, target=reference * 1e3, unit="ms")
+    if min(samples) < 0.7 * reference:  # every sample holds one whole kernel: none may be far shorter
+        raise LabCheckFailed(
+            f"a kernel that runs {reference * 1e3:.2f} ms measured {min(samples) * 1e6:.0f} us in its shortest sample: "
+            "the clock was read before the GPU finished on some repetitions. Call the default sync "
+            "(torch.cuda.synchronize) after fn inside the timed region on every repetition.")
     if median < 0.7 * reference:
         raise LabCheckFailed(
             f"a kernel that runs {reference * 1e3:.2f} ms measured {median * 1e6:.0f} us: the clock was read when the "

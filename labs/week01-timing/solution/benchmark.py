@@ -52,8 +52,8 @@ def main(out_dir: Path = Path("results"), quick: bool = False) -> list[dict]:
     n, reps, calls, levels = (20_000, 10, 8, (1, 4)) if quick else (N, 50, 40, (1, 2, 4, 8, 16))
     overhead = measure_overhead(n, reps)
     runs = [  # (experiment, warm-up calls, timed region, samples, extra columns)
-        ("python-loop", 2, f"loop_sum over a list of {n} floats", overhead["samples"]["python-loop"], {}),
-        ("torch-sum", 5, f"torch.sum of a {n}-element float32 tensor", overhead["samples"]["torch-sum"], {}),
+        ("python-loop", 2, f"loop_sum over a list of {n} floats", overhead["samples"]["python-loop"], {"n": n}),
+        ("torch-sum", 5, f"torch.sum of a {n}-element float32 tensor", overhead["samples"]["torch-sum"], {"n": n}),
     ]
     small = [random.random() for _ in range(20_000)]
     workloads = {"sleep": lambda: time.sleep(0.005), "python": lambda: loop_sum(small)}
