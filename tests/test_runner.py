@@ -203,3 +203,59 @@ def test_blocked_is_decided_by_the_runner_from_its_hardware(tmp_path, cpu):
     grade(Course(FIXTURE), "week01", folder, hardware=cpu, on_event=events.append)
     assert {"event": "result", "check": "on-gpu", "status": "blocked"} == events[0]
     assert not any(e.get("check") == "on-gpu" and e["event"] == "start" for e in events)
+
+
+PARSE_CHECKS = ("  - {id: answers, title: \"answers\", threshold: 2.0}\n"
+                "  - {id: crash, title: \"kills its judge process\"}\n"
+                "  - {id: again, title: \"runs in the next judge process\", threshold: 3.0}\n")
+PARSE_GRADERS = '''import os
+
+import pytest
+
+
+@pytest.mark.check("answers")
+def test_answers(learner, lab_check, record):
+    assert learner.module("probe").answer() == 42
+    record("threshold", lab_check.threshold)
+
+
+@pytest.mark.check("crash")
+def test_crash():
+    os._exit(3)
+
+
+@pytest.mark.check("again")
+def test_again(lab_check, record):
+    record("threshold", lab_check.threshold)
+'''
+
+
+def test_lab_yaml_is_parsed_once_per_grade(tmp_path, cpu, monkeypatch):
+    """The runner parses lab.yaml once (none when handed a LabDir); every judge process of the grade (a fresh
+    one after a crash too) takes the spec it was given: lab.yaml rewritten on disk after the parse is not seen."""
+    from minicourse import make_course
+
+    from infracourse import syllabus
+
+    course = make_course(tmp_path / "course", PARSE_CHECKS, PARSE_GRADERS, "answers")
+    parses = []
+    read_yaml = syllabus._read_yaml
+    monkeypatch.setattr(syllabus, "_read_yaml", lambda path: (path.name == "lab.yaml" and parses.append(path.name))
+                        or read_yaml(path))
+    lab = course.lab("week01")
+    assert parses == ["lab.yaml"]
+    lab_yaml = lab.path / "lab.yaml"
+    lab_yaml.write_text(lab_yaml.read_text().replace("threshold: 2.0", "threshold: 9.0")
+                        .replace("threshold: 3.0", "threshold: 9.0"))
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    (folder / "probe.py").write_text(GOOD)
+    checks = {c.id: c for c in grade(course, lab, folder, hardware=cpu).checks}
+    assert parses == ["lab.yaml"]  # none in the runner
+    assert checks["answers"].status == "passed" and checks["answers"].figures["threshold"].value == 2.0
+    assert checks["crash"].status == "error" and "died during this check" in checks["crash"].message
+    assert checks["again"].status == "passed" and checks["again"].figures["threshold"].value == 3.0
+    checks = {c.id: c for c in grade(course, "week01", folder, hardware=cpu).checks}
+    assert parses == ["lab.yaml", "lab.yaml"]  # a week reference: one parse, by the runner
+    assert checks["answers"].figures["threshold"].value == 9.0  # ... and that spec is what the judges got
+    assert checks["again"].figures["threshold"].value == 9.0
