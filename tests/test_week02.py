@@ -3,6 +3,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +52,15 @@ VARIANTS = {
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, file, edit = VARIANTS[name]
     assert_variant_fails(grade_lab, "week02", check_id, {file: edit})
+
+
+def test_report_in_other_words_passes(grade_lab):
+    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
+    _, checks = grade_lab("week02", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_report_with_an_invented_figure_fails(grade_lab, machine):
+    _, checks = grade_lab("week02", edits={"report.md": invented("speedup_over_baseline", 10.0)})
+    assert checks["report"].status == "failed"
+    assert "speedup_over_baseline = " in checks["report"].message and "the grader measured" in checks["report"].message
