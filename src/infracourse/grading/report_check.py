@@ -121,8 +121,8 @@ def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: di
     value = recorded.get(figure.compare_with) if isinstance(recorded, dict) else \
         getattr(recorded, figure.compare_with, None)
     if not isinstance(value, (int, float)):
-        raise LabCheckFailed(f"{name}: the grader recorded no {figure.compare_with} for {figure.measured!r} "
-                             f"(check {figure.check!r}); this is a course bug, please report it")
+        raise RuntimeError(f"the grader recorded no {figure.compare_with} for {figure.measured!r} (check "
+                           f"{figure.check!r}): a course bug, not a fault of your report; please report it")
     return float(value)
 
 
