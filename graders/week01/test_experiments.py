@@ -99,6 +99,15 @@ def test_overhead_plausible(experiments, learner, seed, record):
 
 @pytest.mark.check("raw-data")
 def test_raw_data(experiments, learner, record):
+    try:
+        _check_raw_data(experiments, learner, record)
+    except (ValueError, KeyError, TypeError) as exc:  # a malformed file is the learner's to fix, not a grader error
+        raise LabCheckFailed(f"samples.csv / summary.csv could not be read as the handout's CSV ({type(exc).__name__}: "
+                             f"{exc}): one header line, then one row per record; quote any field that holds a comma "
+                             "(the csv module does this for you)") from None
+
+
+def _check_raw_data(experiments, learner, record):
     out_dir = learner.worker.scratch / "raw-data"  # where the worker may write; read back here as data
     t0 = time.perf_counter()
     experiments.main(out_dir, quick=True)

@@ -10,9 +10,12 @@ line per experiment, recomputable from the samples).
 from __future__ import annotations
 
 import csv
+import ctypes
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,10 +51,27 @@ def measure_overhead(n: int = N, reps: int = 20) -> dict:
     }
 
 
+def measure_compiled(n: int = N, reps: int = 20) -> dict:
+    """Nanoseconds per element of loop_sum.c (compiled and linked here by the system C compiler, called through
+    ctypes) over n doubles, the median of `reps` calls; `total` is its sum of those values."""
+    source = Path(__file__).with_name("loop_sum.c")
+    build = Path(tempfile.mkdtemp(prefix="loop-sum-"))  # the learner folder may be read-only: build elsewhere
+    library = build / "loop_sum.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    c_sum = ctypes.CDLL(str(library)).loop_sum
+    c_sum.argtypes, c_sum.restype = (ctypes.POINTER(ctypes.c_double), ctypes.c_long), ctypes.c_double
+    values = (ctypes.c_double * n)(*(random.random() for _ in range(n)))  # converted once, before timing
+    samples = time_calls(c_sum, lambda: (values, n), warmup=3, reps=reps, sync=no_sync)
+    return {"n": n, "c_ns_per_element": statistics.median(samples) / n * 1e9, "total": c_sum(values, n),
+            "samples": samples}
+
+
 def main(out_dir: Path = Path("results"), quick: bool = False) -> list[dict]:
     n, reps, calls, levels = (20_000, 10, 8, (1, 4)) if quick else (N, 50, 40, (1, 2, 4, 8, 16))
     overhead = measure_overhead(n, reps)
+    compiled = measure_compiled(n, reps)
     runs = [  # (experiment, warm-up calls, timed region, samples, extra columns)
+        ("c-loop", 3, f"loop_sum.c (cc -O2, via ctypes) over {n} doubles", compiled["samples"], {"n": n}),
         ("python-loop", 2, f"loop_sum over a list of {n} floats", overhead["samples"]["python-loop"], {"n": n}),
         ("torch-sum", 5, f"torch.sum of a {n}-element float32 tensor", overhead["samples"]["torch-sum"], {"n": n}),
     ]
@@ -81,6 +101,7 @@ def main(out_dir: Path = Path("results"), quick: bool = False) -> list[dict]:
     for row in rows:
         print(f"{row['experiment']:>12}  p50 {row['p50_s'] * 1e3:9.3f} ms  p99 {row['p99_s'] * 1e3:9.3f} ms  "
               + (f"{row['throughput_per_s']:8.1f} calls/s" if "throughput_per_s" in row else ""))
+    print(f"Compiled C loop {compiled['c_ns_per_element']:.2f} ns/element")
     print(f"Python loop {overhead['loop_ns_per_element']:.1f} ns/element, "
           f"torch.sum {overhead['vectorised_ns_per_element']:.3f} ns/element")
     return rows

@@ -27,6 +27,15 @@ def measure_overhead(n: int = N) -> dict:
     raise NotImplementedError("measure_overhead(): time loop_sum and torch.sum with your time_calls")
 
 
+def measure_compiled(n: int = N) -> dict:
+    """c_ns_per_element: the median time of loop_sum from loop_sum.c over n doubles, divided by n. Compile and
+    link loop_sum.c with the system C compiler (cc -O2 -shared -fPIC) into a shared library in a temporary folder,
+    load it with ctypes, and time it with time_calls."""
+    # TODO(week01): subprocess.run(["cc", ...]); ctypes.CDLL(...).loop_sum with argtypes and restype; build the
+    # (ctypes.c_double * n) array before timing.
+    raise NotImplementedError("measure_compiled(): compile loop_sum.c with cc and time it through ctypes")
+
+
 def main(out_dir: Path = Path("results"), quick: bool = False) -> None:
     """Run the experiments; write out_dir/samples.csv (experiment, rep, seconds) and out_dir/summary.csv
     (experiment, warmup, reps, scope, mean_s, p50_s, p95_s, p99_s, ...)."""

@@ -1,0 +1,68 @@
+"""Week 1 compiled loop: the handout's loop written in C (loop_sum.c), compiled and linked by the system C
+compiler, against Python's.
+
+The learner's C file is compiled and run only in the grading worker (kit.native.CompiledLoop). The grader
+re-derives what it can there: the sum of the run's seeded values (its own in-order sum, here), the cost per
+element of the learner's compiled loop and of the course's (clocked here, over requests to the worker), and
+the time measure_compiled took."""
+import math
+import time
+
+import pytest
+
+from infracourse.grading.remote import WorkerObject
+from infracourse.guard import LabCheckFailed
+from infracourse.kit.native import seeded_values
+
+MIN_REPS = 5  # the handout's minimum number of timed calls in measure_compiled
+
+
+def _ns_per_element(loop, n, tries=9, times=8):
+    """One compiled loop's cost: requests of `times` loops and of none, interleaved, the fastest of `tries` each;
+    the difference over `times` is one loop without the round trip."""
+    best = {0: math.inf, times: math.inf}
+    for _ in range(tries):
+        for k in (0, times):
+            t0 = time.perf_counter()
+            loop.loops(k)
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return max(best[times] - best[0], 0.0) / times / n * 1e9
+
+
+@pytest.mark.check("compiled-loop")
+def test_compiled_loop(experiments, learner, seed, record):
+    n = 200_000 + seed % 100_001  # from the run's seed
+    source = learner.path("loop_sum.c")
+    if not source.is_file():
+        raise LabCheckFailed("loop_sum.c is missing: write loop_sum(const double *values, long n) in C")
+    theirs = learner.worker.build(WorkerObject("infracourse.kit.native:CompiledLoop", (source, n, seed)))
+    values = seeded_values(n, seed)
+    want = 0.0
+    for v in values:  # the handout's order of additions
+        want += v
+    got = theirs.total()
+    if not isinstance(got, float) or abs(got - want) > 1e-9 * math.fsum(abs(v) for v in values):
+        raise LabCheckFailed(f"loop_sum in loop_sum.c returned {got!r} for {n} seeded doubles (seed {seed}); their "
+                             f"sum is {want!r}. Add values[0] .. values[n - 1] into a double and return it.")
+
+    course = learner.worker.build(WorkerObject("infracourse.kit.native:CompiledLoop", (None, n, seed)))
+    course_ns, their_ns = _ns_per_element(course, n), _ns_per_element(theirs, n)
+    t0 = time.perf_counter()
+    result = experiments.measure_compiled(n)
+    call_s = time.perf_counter() - t0
+    reported = result.get("c_ns_per_element") if isinstance(result, dict) else None
+    if not isinstance(reported, (int, float)) or not reported > 0:
+        raise LabCheckFailed(f"measure_compiled({n}) must return a dict with 'c_ns_per_element' (nanoseconds per "
+                             f"element, positive); it returned {result!r:.80}")
+    record("c_ns_per_element", reported, target=their_ns, unit="ns")
+    record("course's compiled loop", course_ns, unit="ns")
+    if not their_ns / 3 <= reported <= their_ns * 3:
+        raise LabCheckFailed(
+            f"measure_compiled({n}): you report {reported:.3g} ns per element, but your compiled loop_sum takes "
+            f"{their_ns:.3g} ns per element on this machine (grader's measurement; the course's C loop "
+            f"{course_ns:.3g}). Time only the call (build the ctypes array before the clock), take the median, "
+            "and divide by n.")
+    floor = MIN_REPS * their_ns * n / 1e9 / 2
+    if call_s < floor:
+        raise LabCheckFailed(f"measure_compiled({n}) returned after {call_s * 1e3:.2f} ms, less than {MIN_REPS} "
+                             f"calls of your compiled loop take ({floor * 1e3:.2f} ms): measure the figure in the call")
