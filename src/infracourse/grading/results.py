@@ -121,7 +121,8 @@ class Figure:
         if len(data) > len(_TYPED) + 1 + MAX_DETAIL:
             raise FigureError(f"a figure has {len(data)} keys")
         typed = {k: v for k, v in data.items() if k in _TYPED}
-        return cls(value=data["value"], **typed, detail={k: v for k, v in data.items() if k not in _TYPED and k != "value"})
+        detail = {k: v for k, v in data.items() if k not in _TYPED and k != "value"}
+        return cls(value=data["value"], **typed, detail=detail)
 
     @classmethod
     def coerce(cls, figure: Any) -> "Figure":

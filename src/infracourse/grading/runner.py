@@ -3,12 +3,13 @@
 It decides here, from the hardware it detected, which checks are `blocked`, and never asks anyone else.
 The judge process (pytest with the graders) sends a `start` and a `result` event per check on a pipe it
 inherited; a result is accepted only for a check id of lab.yaml, only once, and only after that check's
-own start, and its figures only as grading.results.Figure accepts them. lab.yaml is parsed once per grade,
-here: the judge gets the parsed spec as JSON in the runner's private temporary folder (written afresh before
-each judge process starts; the sandboxed worker does not see that folder). A check with `requires` gets credit only if every required check was accepted as passed. A
-check that overruns its timeout gets the judge's process group killed (the sandboxed worker dies with
-it); a judge that dies leaves its running check as `error`, and grading goes on in a fresh process for
-the checks not yet settled. Every check in lab.yaml ends with a status; one never reported is an `error`.
+own start, and its figures only as grading.results.Figure accepts them. A check with `requires` gets credit
+only if every required check was accepted as passed. lab.yaml is parsed once per grade, here: the judge gets
+the parsed spec as JSON in the runner's private temporary folder (written afresh before each judge process
+starts; the sandboxed worker does not see that folder). A check that overruns its timeout gets the judge's
+process group killed (the sandboxed worker dies with it); a judge that dies leaves its running check as
+`error`, and grading goes on in a fresh process for the checks not yet settled. Every check in lab.yaml
+ends with a status; one never reported is an `error`.
 """
 from __future__ import annotations
 
