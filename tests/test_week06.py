@@ -3,6 +3,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +55,17 @@ CASES = [(file, name) for file, variants in VARIANTS.items() for name in variant
 def test_wrong_variant_fails_its_check(grade_lab, file, name):
     check_id, edit = VARIANTS[file][name]
     assert_variant_fails(grade_lab, "week06", check_id, {file: edit})
+
+
+def test_report_in_other_words_passes(grade_lab):
+    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
+    _, checks = grade_lab("week06", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_report_with_an_invented_figure_fails(grade_lab, machine):
+    if not machine.gpu_count:
+        pytest.skip("the figure is measured on a GPU; without one its check is blocked and it is not compared")
+    _, checks = grade_lab("week06", edits={"report.md": invented("estimated_total_bytes", 10.0)})
+    assert checks["report"].status == "failed"
+    assert "estimated_total_bytes = " in checks["report"].message and "the grader measured" in checks["report"].message
