@@ -1,4 +1,10 @@
-"""Week 6 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+"""Week 6 proves its grader: the solution passes, the starter fails, each wrong variant fails its check, and an
+honest solution written from the handout in another style (tests/fixtures/week06-honest) passes."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from conftest import replace_once
@@ -33,8 +39,34 @@ VARIANTS = {
         "tied head counted twice": ("memory-params", replace_once(
             "return cfg.vocab_size * C +", "return 2 * cfg.vocab_size * C +")),
         "bf16 gradients counted as fp32": ("memory-grads", replace_once('"grads": e * n', '"grads": 4 * n')),
+        # class 4: right numbers, measured rather than estimated
+        "parameters counted on a meta-device model": ("memory-params", replace_once(
+            "    return cfg.vocab_size * C + cfg.seq_len * C + cfg.n_layer * per_block + C",
+            "    import torch\n    from infracourse.kit.gpt import GPT\n"
+            "    with torch.device(\"meta\"):\n        return sum(p.numel() for p in GPT(cfg).parameters())")),
+        "activations measured with saved-tensor hooks": ("memory-activations", replace_once(
+            "    return cfg.n_layer * block + head + token_ids",
+            "    import torch\n    from infracourse.kit.gpt import GPT, synthetic_batch\n"
+            "    model = GPT(cfg).to({4: torch.float32, 2: torch.bfloat16}[e])\n"
+            "    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}\n"
+            "    seen = {}\n"
+            "    def pack(t):\n"
+            "        if t.untyped_storage().data_ptr() not in weights:\n"
+            "            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()\n"
+            "        return t\n"
+            "    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):\n"
+            "        model(*synthetic_batch(cfg, batch, seed=0))\n"
+            "    return sum(seen.values())")),
         "log-softmax output left out": ("memory-activations", replace_once(
             "head = norm + e * B * T * V", "head = norm")),
+    },
+    "checkpointing.py": {
+        "blocks run plainly": ("checkpoint-activations", replace_once(
+            "x = checkpoint(block, x, use_reentrant=False)", "x = block(x)")),
+        # the memory drops, but the blocks' weights get no gradient
+        "blocks run without autograd": ("checkpoint-activations", replace_once(
+            "x = checkpoint(block, x, use_reentrant=False)",
+            "with torch.no_grad():\n            x = block(x)\n        x.requires_grad_()")),
     },
     "step.py": {
         "loss read with .item() every step": ("profile-no-sync", replace_once(
@@ -69,3 +101,60 @@ def test_report_with_an_invented_figure_fails(grade_lab, machine):
     _, checks = grade_lab("week06", edits={"report.md": invented("estimated_total_bytes", 10.0)})
     assert checks["report"].status == "failed"
     assert "estimated_total_bytes = " in checks["report"].message and "the grader measured" in checks["report"].message
+
+
+HONEST = Path(__file__).parent / "fixtures" / "week06-honest"
+
+
+def test_honest_solution_in_another_style_passes(course, machine, tmp_path):
+    from infracourse.grading.report import stamp_environment
+    from infracourse.grading.runner import grade
+
+    lab = course.lab("week06")
+    folder = tmp_path / "week06-honest"
+    shutil.copytree(lab.solution, folder)
+    shutil.rmtree(folder / "traces")  # the honest step's own traces, written by its own script
+    for name in ("memory.py", "step.py", "checkpointing.py", "profile_traces.py"):
+        shutil.copy(HONEST / name, folder / name)
+    subprocess.run([sys.executable, "profile_traces.py"], cwd=folder, check=True, capture_output=True)
+    stamp_environment(folder / lab.spec.report, machine)
+    result = grade(course, "week06", folder, hardware=machine)
+    for check in result.checks:
+        expected = "passed" if machine.satisfies(check.needs) else "blocked"
+        assert check.status == expected, (check.id, check.status, check.message)
+    assert result.complete
+
+
+def _grade_with_traces(course, machine, folder, change):
+    from infracourse.grading.report import stamp_environment
+    from infracourse.grading.runner import grade
+
+    lab = course.lab("week06")
+    shutil.copytree(lab.solution, folder)
+    change(folder)
+    stamp_environment(folder / lab.spec.report, machine)
+    return {c.id: c for c in grade(course, "week06", folder, hardware=machine).checks}
+
+
+def test_traces_of_another_step_fail(course, machine, tmp_path):
+    """class 1: traces recorded from the provided slow step, not the learner's, fail profile-traces."""
+    def stale(folder):
+        script = folder / "profile_traces.py"
+        original = script.read_text()
+        script.write_text(original.replace("from step import train_step",
+                                           "from infracourse.kit.train import slow_train_step as train_step"))
+        subprocess.run([sys.executable, "profile_traces.py"], cwd=folder, check=True, capture_output=True)
+        script.write_text(original)
+
+    checks = _grade_with_traces(course, machine, tmp_path / "stale", stale)
+    assert checks["profile-traces"].status == "failed", checks["profile-traces"].message
+    assert "does not record one step of your current train_step" in checks["profile-traces"].message
+
+
+def test_trace_of_the_wrong_precision_fails(course, machine, tmp_path):
+    def relabel(folder):
+        shutil.copy(folder / "traces" / "step-T128-fp32.json.gz", folder / "traces" / "step-T128-bf16.json.gz")
+
+    checks = _grade_with_traces(course, machine, tmp_path / "relabelled", relabel)
+    assert checks["profile-traces"].status == "failed"
+    assert "not bf16" in checks["profile-traces"].message

@@ -4,15 +4,19 @@ Parameters, gradients and Adam state are counted exactly on the meta device (sha
 a forward and backward pass there makes the gradients autograd really creates, an AdamW step the states it
 really keeps. Activations are the bytes autograd saves for backward, seen through saved_tensors_hooks
 on a real CPU forward pass. On a GPU the estimated total is held against torch.cuda.max_memory_allocated.
+Besides the fixed configurations, each grade draws one from its seed (a table of answers cannot know it),
+and every estimate is watched: an estimate computes from the configuration's numbers and runs no tensor op
+(building the model, even on the meta device, or running it is measuring, not estimating).
 """
 import dataclasses
 import functools
+import random
 
 import pytest
 import torch
 
 from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.guard import CallRecord, LabCheckFailed
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 
 KEYS = ("params", "grads", "optimizer", "activations", "total")
@@ -25,6 +29,15 @@ ACTIVATION_CASES = [(GPTConfig(), 8), (GPTConfig(vocab_size=1024, seq_len=32, d_
 ACTIVATION_RTOL = 0.10
 
 
+def seeded_case(seed: int) -> tuple[GPTConfig, int]:
+    """A small configuration and batch drawn from the grade's seed."""
+    r = random.Random(seed)
+    heads, head_dim = r.choice((1, 2, 3, 4)), r.choice((8, 16, 24))
+    cfg = GPTConfig(vocab_size=r.randint(40, 700), seq_len=r.randint(5, 48), d_model=heads * head_dim,
+                    n_head=heads, n_layer=r.randint(1, 3), mlp_ratio=r.choice((1, 2, 4)))
+    return cfg, r.randint(1, 4)
+
+
 @pytest.fixture(scope="module")
 def memory(learner):
     return learner.module("memory")
@@ -32,8 +45,15 @@ def memory(learner):
 
 def estimate(memory, cfg, batch, precision="fp32", master_weights=False) -> dict:
     config = WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))  # built in the worker
-    got = memory.estimate_memory(config, batch, precision=precision, master_weights=master_weights)
+    result = memory.estimate_memory.call((config, batch), {"precision": precision, "master_weights": master_weights},
+                                         watch={"poison": False})
+    got, record = result.value, CallRecord.from_evidence(result.record)
     what = f"estimate_memory(batch={batch}, precision={precision!r}, master_weights={master_weights})"
+    ran = sorted(set(record.ops) | set(record.profiled))
+    if ran:
+        raise LabCheckFailed(f"{what} ran torch ops {ran[:8]}: an estimate is arithmetic on cfg's numbers (sizes "
+                             "times bytes per element), with no model built, not even on the meta device, and no "
+                             "tensor made; check your formula against the meta device outside estimate_memory")
     if not isinstance(got, dict) or set(got) != set(KEYS):
         raise LabCheckFailed(f"{what} must return a dict with exactly the keys {list(KEYS)}, got {got!r:.200}")
     if any(type(got[k]) is not int or got[k] < 0 for k in KEYS):
@@ -70,8 +90,8 @@ def meta_counts(cfg: GPTConfig, precision: str, master_weights: bool) -> dict:
             "parameters": sum(p.numel() for p in params)}
 
 
-def require_exact(memory, part: str, cases, advice: str) -> None:
-    for cfg in COUNT_CONFIGS:
+def require_exact(memory, part: str, cases, advice: str, seed: int) -> None:
+    for cfg in COUNT_CONFIGS + [seeded_case(seed)[0]]:
         for precision, master in cases:
             measured = meta_counts(cfg, precision, master)
             got = estimate(memory, cfg, 8, precision, master)[part]
@@ -84,22 +104,23 @@ def require_exact(memory, part: str, cases, advice: str) -> None:
 
 
 @pytest.mark.check("memory-params")
-def test_params(memory):
+def test_params(memory, seed):
     require_exact(memory, "params", [("fp32", False), ("bf16", False)],
-                  "Count every weight matrix and norm vector; the output head shares the token embedding's matrix.")
+                  "Count every weight matrix and norm vector; the output head shares the token embedding's matrix.",
+                  seed)
 
 
 @pytest.mark.check("memory-grads")
-def test_grads(memory):
+def test_grads(memory, seed):
     require_exact(memory, "grads", [("fp32", False), ("bf16", False)],
-                  "Autograd makes one gradient per parameter, in that parameter's dtype.")
+                  "Autograd makes one gradient per parameter, in that parameter's dtype.", seed)
 
 
 @pytest.mark.check("memory-optimizer")
-def test_optimizer(memory):
+def test_optimizer(memory, seed):
     require_exact(memory, "optimizer", [("fp32", False), ("bf16", False), ("bf16", True)],
                   "Adam keeps two moments per parameter (exp_avg and exp_avg_sq) in the dtype of the weights it "
-                  "updates; with master weights it updates an fp32 copy of each parameter, held as well.")
+                  "updates; with master weights it updates an fp32 copy of each parameter, held as well.", seed)
 
 
 def saved_for_backward(cfg: GPTConfig, batch: int, dtype) -> tuple[int, list]:
@@ -121,9 +142,9 @@ def saved_for_backward(cfg: GPTConfig, batch: int, dtype) -> tuple[int, list]:
 
 
 @pytest.mark.check("memory-activations")
-def test_activations(memory, record):
+def test_activations(memory, record, seed):
     worst = 0.0
-    for cfg, batch in ACTIVATION_CASES:
+    for cfg, batch in ACTIVATION_CASES + [seeded_case(seed)]:
         for precision, dtype in DTYPES.items():
             measured, largest = saved_for_backward(cfg, batch, dtype)
             got = estimate(memory, cfg, batch, precision)["activations"]

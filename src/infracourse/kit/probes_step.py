@@ -45,6 +45,18 @@ class TrainSteps:
                    if isinstance(k, str)}
         return {"weights": {k: v.detach().cpu() for k, v in self.model.named_parameters()}, "metrics": metrics}
 
+    def trace(self, inputs, targets, precision: str, path: str) -> None:
+        """One step under torch.profiler (record_shapes=True; autocast to bf16 when `precision` is "bf16"),
+        exported with export_chrome_trace(path): the profile a learner's trace file is held against."""
+        from torch.profiler import ProfilerActivity, profile
+
+        device = next(self.model.parameters()).device.type
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            with torch.autocast(device, torch.bfloat16, enabled=precision == "bf16"):
+                self.step(inputs, targets)
+        prof.export_chrome_trace(str(path))
+
     def profile(self, inputs, targets, bare: bool = False) -> dict:
         """One step under torch.profiler: calls of the sync op, and bytes each op allocated (self, CPU plus
         device). `bare`: forward, backward and optimizer.step() alone, the floor a step is held against."""
@@ -65,3 +77,37 @@ class TrainSteps:
             grown = max(event.self_cpu_memory_usage, 0) + max(getattr(event, "self_device_memory_usage", 0), 0)
             allocated[event.name] = allocated.get(event.name, 0) + grown
         return {"syncs": syncs, "allocated": allocated}
+
+
+FORWARD_ONLY_OPS = frozenset({"aten::linear", "aten::gelu", "aten::scaled_dot_product_attention"})
+
+
+def checkpoint_evidence(loss_fn: Callable | None, cfg: GPTConfig, weights: dict, inputs, targets,
+                        repeats: int = 5) -> dict:
+    """`loss_fn(model, inputs, targets)` (None: the kit's plain `model(inputs, targets)[1]`) on a fresh kit GPT
+    with `weights`: the bytes the forward pass leaves allocated (torch.profiler's memory records: every
+    allocation less every free, whoever holds the tensors), the forward ops run again during backward
+    (recomputation), the loss, every gradient, and the fastest of `repeats` forward+backward times."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    model = GPT(cfg)
+    model.load_state_dict(weights)
+    call = (lambda: loss_fn(model, inputs, targets)) if loss_fn is not None else \
+        (lambda: model(inputs, targets)[1])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = call()
+    retained = sum(event.self_cpu_memory_usage for event in prof.events())
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss.backward()
+    recomputed = sum(event.name in FORWARD_ONLY_OPS for event in prof.events())
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    best = float("inf")
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        call().backward()
+        best = min(best, time.perf_counter() - start)
+    return {"loss": loss.detach(), "retained": int(retained), "recomputed": int(recomputed), "grads": grads,
+            "seconds": best}
