@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,17 @@ NO_SOLUTIONS = "needs the reference solutions, which a learner release does not 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"solutions: {NO_SOLUTIONS}; skipped there")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist (README's `-n`) each worker, and every process it starts, gets its own temp folder:
+        # what a test asserts about shared scratch (a regrade's sweep leaves the scratch root empty) must not see
+        # the files of a grade another worker is running at the same time.
+        os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"infracourse-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
+        tempfile.tempdir = None  # re-read TMPDIR
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER") and "infracourse-tests-" in os.environ.get("TMPDIR", ""):
+        shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
 
 
 def pytest_runtest_setup(item):

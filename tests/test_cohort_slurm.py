@@ -27,6 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not all(shutil.which(d) for d in DAEMONS),
                        reason="Slurm is not installed: `apt-get install slurm-wlm munge` (CI's .ci/run does)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="starting slurmd needs root"),
+    pytest.mark.xdist_group("slurm"),  # under `pytest -n` (with --dist loadgroup) one worker runs them in turn
 ]
 
 CONF = """ClusterName=infracoursetest
