@@ -3,6 +3,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +20,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert checks["add-correct"].status == "failed"
     assert "write _add_kernel" in checks["add-correct"].message
     assert checks["report"].status == "failed"
+    assert "in your own words" in checks["report"].message
 
 
 VARIANTS = {
@@ -47,3 +49,17 @@ VARIANTS = {
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edit = VARIANTS[name]
     assert_variant_fails(grade_lab, "week07", check_id, {"vector_ops.py": edit})
+
+
+def test_report_in_other_words_passes(grade_lab):
+    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
+    _, checks = grade_lab("week07", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_report_with_an_invented_figure_fails(grade_lab, machine):
+    if not machine.gpu_count:
+        pytest.skip("the figure is measured on a GPU; without one its check is blocked and it is not compared")
+    _, checks = grade_lab("week07", edits={"report.md": invented("add_gbps", 10.0)})
+    assert checks["report"].status == "failed"
+    assert "add_gbps = " in checks["report"].message and "the grader measured" in checks["report"].message
