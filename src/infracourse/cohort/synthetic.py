@@ -20,7 +20,7 @@ import yaml
 from infracourse import __version__
 from infracourse.cohort.bundle import graders_digest, write_bundle
 from infracourse.course import Course
-from infracourse.grading.results import CheckResult, GradeResult
+from infracourse.grading.results import CheckResult, Figure, GradeResult
 from infracourse.hardware import Ceilings, Hardware
 
 SOLUTION = "def answer():\n    return 42\n"
@@ -158,8 +158,8 @@ def result_for(lab, hardware: Hardware, ceilings: Ceilings | None, *, solved: bo
         elif check.kind == "performance" and solved and ceilings:
             ceiling = ceilings.copy_gbps if check.id == "bandwidth" else max(ceilings.matmul_tflops.values())
             unit = "GB/s" if check.id == "bandwidth" else "TFLOP/s"
-            figures = {check.id: {"value": round(share * ceiling, 3), "target": 0.6 * ceiling, "unit": unit,
-                                  "ceiling": ceiling, "fraction_of_ceiling": round(share, 4)}}
+            figures = {check.id: Figure(value=round(share * ceiling, 3), target=0.6 * ceiling, unit=unit,
+                                        ceiling=ceiling, fraction_of_ceiling=round(share, 4))}
             status = "passed" if share >= 0.6 else "failed"
         checks.append(CheckResult(id=check.id, title=check.title, kind=check.kind, needs=check.needs,
                                   status=status, message="" if status == "passed" else "see the grader",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from infracourse.grading.results import Figure, FigureError
+from infracourse.grading.results import Figure, FigureError, figures_of
 
 CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at collection
 
@@ -94,7 +94,7 @@ def record(request):
 
     def _record(name: str, value: float, target: float | None = None, unit: str = "", **extra) -> None:
         try:
-            figures[name] = Figure.of(value, target=target, unit=unit, **extra)
+            figures.update(figures_of({name: Figure.of(value, target=target, unit=unit, **extra)}))
         except FigureError as exc:  # a NaN measured, or a grader's typo: never a figure that reads as a pass
             raise FigureError(f"the figure {name!r} cannot be recorded: {exc}") from None
 
