@@ -180,7 +180,7 @@ def write_plots(folder: Path, result: GradeResult) -> list[Path]:
 
     hw = detect() if result.tier != "cpu" else None
     ceilings = cached_ceilings(hw) if hw else None
-    return write_kernel_plots(result.as_dict(), ceilings, folder / ".grade")
+    return write_kernel_plots(result, ceilings, folder / ".grade")
 
 
 
