@@ -46,7 +46,7 @@ def require_genuine_timing() -> None:
 
 HOLD_S = 300e-6        # the device is held at least this long before a judge-clocked batch, so launches queue
 MAX_HOLD_S = 0.05      # ... and at most this long: twice the host's launch time of the whole batch, within it
-MAX_HOST_S = 2e-3      # a host launch time the worker reports is taken as at most this per call
+MAX_HOST_S = 25e-3     # a host launch time the worker reports is taken as at most this per call
 MAX_RTT_CREDIT_S = 300e-6  # at most this much of the channel's round trip is taken off the judge's clock
 BATCH_CALLS = 48
 
@@ -98,13 +98,15 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     if not 2 <= calls <= max(2, min(batch_calls, BATCH_CALLS)):
         raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
     rtt = min(_round_trip(worker) for _ in range(5))
-    # the whole batch is enqueued while the device waits (as bench.measure does in one process): a call the host
-    # takes longer to launch than the device to run is timed by the device, not by Python's launch overhead
-    hold = min(HOLD_S + 2 * calls * min(max(stats["host_s"], 0.0), MAX_HOST_S), MAX_HOLD_S)
+    # the clocked calls are enqueued while the device waits (as bench.measure does in one process): a call the
+    # host takes longer to launch than the device to run is timed by the device, not by Python's launch overhead
+    calls, hold = clocked_batch(calls, stats["host_s"])
     t0 = time.perf_counter()
-    run = worker.request("time_run", hold_s=hold)
+    run = worker.request("time_run", hold_s=hold, calls=calls)
     wall = time.perf_counter() - t0
     ran = run.value
+    if _numbers(ran, ("calls",), label)["calls"] != calls:
+        raise LabCheckFailed(f"{label}: the timing worker ran another number of calls than the {calls} asked for")
     held = _numbers(ran, ("hold_s",), label)["hold_s"]
     wall_per_call = max(wall - min(max(held, 0.0), 1.1 * hold + 50e-6) - min(rtt, MAX_RTT_CREDIT_S), 0.0) / calls
     draw = random.SystemRandom()  # which outputs are checked is decided only now, after the batch ran
@@ -120,6 +122,15 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
                         wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu")
+
+
+def clocked_batch(prepared: int, host_s: float) -> tuple[int, float]:
+    """(calls, hold in seconds) of the judge-clocked batch: the device is held twice the host's launch time of
+    the calls, within MAX_HOLD_S, so fewer calls are clocked when one call takes the host long to enqueue (a
+    training step) than when it is a single kernel launch."""
+    host = min(max(host_s, 0.0), MAX_HOST_S)
+    calls = prepared if host <= 0 else max(2, min(prepared, int((MAX_HOLD_S - HOLD_S) / (2 * host))))
+    return calls, min(HOLD_S + 2 * calls * host, MAX_HOLD_S)
 
 
 def _require_kernels(label: str, *records: dict) -> None:

@@ -1,0 +1,82 @@
+"""The judge-clocked batch: how many calls it clocks and how long the device is held first (grading.perf)."""
+import pytest
+
+from infracourse.grading.perf import HOLD_S, MAX_HOLD_S, clocked_batch
+
+
+def test_a_cpu_batch_or_an_instant_launch_is_clocked_whole_with_the_minimum_hold():
+    assert clocked_batch(48, 0.0) == (48, HOLD_S)
+    assert clocked_batch(48, -1.0) == (48, HOLD_S)  # a negative report is no credit
+
+
+def test_a_kernel_launch_is_covered_by_the_hold_for_the_whole_batch():
+    calls, hold = clocked_batch(48, 30e-6)
+    assert calls == 48 and hold == pytest.approx(HOLD_S + 2 * 48 * 30e-6)
+
+
+@pytest.mark.parametrize("host_s", [2e-3, 4e-3, 12e-3])
+def test_a_slow_to_launch_call_is_clocked_fewer_times_so_the_hold_still_covers_its_launches(host_s):
+    calls, hold = clocked_batch(48, host_s)
+    assert 2 <= calls < 48
+    assert 2 * calls * host_s <= hold <= MAX_HOLD_S
+
+
+def test_an_absurd_host_time_gets_no_more_than_the_maximum_hold():
+    calls, hold = clocked_batch(48, 10.0)
+    assert calls == 2 and hold == MAX_HOLD_S
+
+
+def _worker_with(tmp_path, source: str):
+    from infracourse.grading.remote import Worker
+
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    (folder / "mod.py").write_text(source)
+    return Worker(folder, gpu=False)
+
+
+def test_timed_through_the_worker_checks_outputs_of_the_clocked_calls(tmp_path):
+    import torch
+
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+
+    worker = _worker_with(tmp_path, "def add(x, y):\n    return x + y\n")
+    checked = []
+
+    def check(out, args):
+        checked.append(out.shape)
+        torch.testing.assert_close(out, args[0] + args[1])
+
+    try:
+        timing = perf.timed(worker.module("mod").add, tensors([[1000], [1000]], device="cpu", seed=3),
+                            check=check, label="add", calls=8)
+    finally:
+        worker.close()
+    assert timing.median_s > 0 and timing.wall_per_call_s is not None and 1 <= len(checked) <= 3
+
+
+def test_timed_through_the_worker_fails_when_the_clocked_calls_are_wrong(tmp_path):
+    import torch
+
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+    from infracourse.guard import LabCheckFailed
+
+    # right for its first calls (what a grader checking only a warm-up call would see), wrong afterwards
+    worker = _worker_with(tmp_path, "calls = 0\n"
+                                    "def add(x, y):\n"
+                                    "    global calls\n"
+                                    "    calls += 1\n"
+                                    "    return x + y if calls <= 3 else x * 0\n")
+
+    def check(out, args):
+        if not torch.allclose(out, args[0] + args[1]):
+            raise LabCheckFailed("a timed output is wrong")
+
+    try:
+        with pytest.raises(LabCheckFailed, match="timed output is wrong"):
+            perf.timed(worker.module("mod").add, tensors([[64], [64]], device="cpu", seed=1), check=check,
+                       label="add", calls=4)
+    finally:
+        worker.close()
