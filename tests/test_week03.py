@@ -6,7 +6,6 @@ import pytest
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
-from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -77,19 +76,6 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
     """Written from the handout alone, unlike the reference: a grader that fails one of them is wrong."""
     edits = {path.name: path.read_text() for path in (HONEST / style).glob("*.py")}
     assert_solution_passes(grade_lab, machine, "week03", edits=edits)
-
-
-def test_report_in_other_words_passes(grade_lab):
-    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
-    _, checks = grade_lab("week03", edits={"report.md": reworded})
-    assert checks["report"].status == "passed", checks["report"].message
-
-
-def test_report_with_an_invented_figure_fails(grade_lab, machine):
-    _, checks = grade_lab("week03", edits={"report.md": invented("pad_utilisation", 0.5)})
-    assert checks["report"].status == "failed"
-    assert "in your own words" in checks["report"].message
-    assert "pad_utilisation = " in checks["report"].message and "the grader measured" in checks["report"].message
 
 
 def test_report_in_other_words_passes(grade_lab):

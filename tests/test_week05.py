@@ -4,7 +4,6 @@ import pytest
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
-from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +22,6 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert checks["checkpoint-atomic"].status == "failed"
     assert "write the state atomically" in checks["checkpoint-atomic"].message
     assert checks["report"].status == "failed"
-    assert "in your own words" in checks["report"].message
     assert "in your own words" in checks["report"].message
 
 
@@ -81,12 +79,6 @@ VARIANTS = {
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edit = VARIANTS[name]
     assert_variant_fails(grade_lab, "week05", check_id, {"train.py": edit})
-
-
-def test_report_in_other_words_passes(grade_lab):
-    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
-    _, checks = grade_lab("week05", edits={"report.md": reworded})
-    assert checks["report"].status == "passed", checks["report"].message
 
 
 def test_report_in_other_words_passes(grade_lab):
