@@ -109,9 +109,12 @@ def test_raw_data(experiments, learner, record):
 
 def _check_raw_data(experiments, learner, record):
     out_dir = learner.worker.scratch / "raw-data"  # where the worker may write; read back here as data
+    # The sleeping call is the course's, built in the worker: it records every sleep that really ran.
+    sleeper = learner.worker.build(WorkerObject("infracourse.kit.workloads:RecordedSleep"))
     t0 = time.perf_counter()
-    experiments.main(out_dir, quick=True)
+    experiments.main(out_dir, quick=True, sleep=sleeper)
     call_s = time.perf_counter() - t0
+    slept = sleeper.take()
     samples, summary = out_dir / "samples.csv", out_dir / "summary.csv"
     for path in (samples, summary):
         if not path.exists():
@@ -141,13 +144,13 @@ def _check_raw_data(experiments, learner, record):
                 raise LabCheckFailed(f"{name}: {key} in summary.csv is {row[key]}, but the raw samples give "
                                      f"{value:.9g}. The summary must be recomputable from samples.csv.")
     record("experiments", len(rows))
-    _require_measured(learner, {row["experiment"]: row for row in rows}, raw, call_s, record)
+    _require_measured(learner, {row["experiment"]: row for row in rows}, raw, call_s, slept, record)
 
 
 SLEEP_S = 0.005  # the handout's sleeping call
 
 
-def _require_measured(learner, rows, raw, call_s, record):
+def _require_measured(learner, rows, raw, call_s, slept, record):
     """The figures in the files are the ones main measured, in this call: compared with the grader's own
     measurement of the same loop, with the floor a sleeping call cannot beat, and with the time main took."""
     for name in ("python-loop", "torch-sum"):
@@ -175,6 +178,23 @@ def _require_measured(learner, rows, raw, call_s, record):
         if not 0.6 * c / float(row["mean_s"]) <= throughput <= 1.05 * c / SLEEP_S:
             raise LabCheckFailed(f"{name}: throughput_per_s {throughput:.1f} with {c} threads each taking "
                                  f"{float(row['mean_s']) * 1e3:.2f} ms: measure calls over the run's wall clock")
+    # The sleeps the sleep-c rows describe really ran, through the grader's sleeping call, and took what the
+    # samples say (a sample holds its sleep and a little Python, never less).
+    samples = [x for name in sleeps for x in raw[name]]
+    if len(slept) < len(samples) or any(abs(asked - SLEEP_S) > 1e-9 for asked, _ in slept):
+        raise LabCheckFailed(
+            f"the sleep-c rows hold {len(samples)} samples, but main made {len(slept)} calls of sleep(...) through the "
+            f"`sleep` it was given (asked: {sorted({asked for asked, _ in slept})[:3]}): make every sleeping call "
+            f"`sleep({SLEEP_S})` with the function passed to main, and write the latencies it measured")
+    # Which recorded sleeps were the timed ones (warm-ups ran too) is not known: the timed ones average at least
+    # the shortest k and at most the longest k of them.
+    took, k = sorted(t for _, t in slept), len(samples)
+    mean_sample, low, high = sum(samples) / k, sum(took[:k]) / k, sum(took[-k:]) / k
+    record("sleep-c mean sample", mean_sample * 1e3, target=low * 1e3, unit="ms")
+    if not low - 50e-6 <= mean_sample <= high + 3e-3:
+        raise LabCheckFailed(f"the sleep-c rows' samples average {mean_sample * 1e3:.3f} ms, but the sleeps main made "
+                             f"took {low * 1e3:.3f} to {high * 1e3:.3f} ms on average: write the latencies your run "
+                             "measured")
     # Every timed call happened inside main: their time, divided by how many ran at once, fits in the call.
     busy = sum(sum(values) / max(int(rows[name].get("concurrency") or 1), 1) for name, values in raw.items())
     record("sampled time / main's time", busy / call_s, target=1.0)

@@ -66,7 +66,7 @@ def measure_compiled(n: int = N, reps: int = 20) -> dict:
             "samples": samples}
 
 
-def main(out_dir: Path = Path("results"), quick: bool = False) -> list[dict]:
+def main(out_dir: Path = Path("results"), quick: bool = False, sleep=time.sleep) -> list[dict]:
     n, reps, calls, levels = (20_000, 10, 8, (1, 4)) if quick else (N, 50, 40, (1, 2, 4, 8, 16))
     overhead = measure_overhead(n, reps)
     compiled = measure_compiled(n, reps)
@@ -76,7 +76,7 @@ def main(out_dir: Path = Path("results"), quick: bool = False) -> list[dict]:
         ("torch-sum", 5, f"torch.sum of a {n}-element float32 tensor", overhead["samples"]["torch-sum"], {"n": n}),
     ]
     small = [random.random() for _ in range(20_000)]
-    workloads = {"sleep": lambda: time.sleep(0.005), "python": lambda: loop_sum(small)}
+    workloads = {"sleep": lambda: sleep(0.005), "python": lambda: loop_sum(small)}
     for name, fn in workloads.items():
         for c in levels:
             result = run_concurrent(fn, concurrency=c, calls=calls * c)

@@ -3,6 +3,7 @@ concurrency for a call that sleeps and a call that runs Python. `python benchmar
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch  # noqa: F401  (you will need it for torch.sum)
@@ -36,11 +37,11 @@ def measure_compiled(n: int = N) -> dict:
     raise NotImplementedError("measure_compiled(): compile loop_sum.c with cc and time it through ctypes")
 
 
-def main(out_dir: Path = Path("results"), quick: bool = False) -> None:
+def main(out_dir: Path = Path("results"), quick: bool = False, sleep=time.sleep) -> None:
     """Run the experiments; write out_dir/samples.csv (experiment, rep, seconds) and out_dir/summary.csv
     (experiment, warmup, reps, scope, mean_s, p50_s, p95_s, p99_s, ...)."""
     # TODO(week01): the overhead pair, then run_concurrent at several concurrency levels for a call that
-    # sleeps (time.sleep(0.005)) and a call that runs Python (loop_sum over a short list).
+    # sleeps (sleep(0.005), with the `sleep` given) and a call that runs Python (loop_sum over a short list).
     raise NotImplementedError("main(): run the experiments and write samples.csv and summary.csv")
 
 

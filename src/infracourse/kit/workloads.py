@@ -131,3 +131,26 @@ def loop_sums(n: int, times: int) -> int:
         for v in values:
             total += v
     return times
+
+
+class RecordedSleep:
+    """`time.sleep` that keeps each call's asked and actual seconds: built in the grading worker and handed to
+    the learner's experiments as their sleeping call, so the grader knows how many sleeps really ran, and how
+    long, when it reads the latencies the learner wrote. Safe to call from many threads at once."""
+
+    def __init__(self):
+        self._calls: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, seconds: float) -> None:
+        start = time.perf_counter()
+        time.sleep(seconds)
+        took = time.perf_counter() - start
+        with self._lock:
+            self._calls.append((seconds, took))
+
+    def take(self) -> list[tuple[float, float]]:
+        """(asked, took) of each call since the last take."""
+        with self._lock:
+            calls, self._calls = self._calls, []
+        return calls
