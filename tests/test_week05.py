@@ -1,4 +1,7 @@
-"""Week 5 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+"""Week 5 proves its grader: the solution passes, the starter fails, each wrong variant fails its check, and
+honest solutions written from the handout in other styles (tests/fixtures/week05-honest) pass."""
+from pathlib import Path
+
 import pytest
 
 from conftest import replace_once
@@ -85,3 +88,15 @@ def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
     _, checks = grade_lab("week05", edits={"report.md": reworded})
     assert checks["report"].status == "passed", checks["report"].message
+
+
+HONEST = Path(__file__).parent / "fixtures" / "week05-honest"
+
+
+@pytest.mark.parametrize("name", ["trainer_class.py", "functional_bytes.py"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, name):
+    result, checks = grade_lab("week05", edits={"train.py": (HONEST / name).read_text()})
+    for check in checks.values():
+        expected = "passed" if machine.satisfies(check.needs) else "blocked"
+        assert check.status == expected, (check.id, check.status, check.message)
+    assert result.complete
