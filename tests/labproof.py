@@ -4,8 +4,10 @@ docs/grading-times.md, not a timed assertion: a loaded CI machine must not turn 
 from __future__ import annotations
 
 
-def assert_solution_passes(grade_lab, machine, week: str) -> dict:
-    result, checks = grade_lab(week)
+def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = None) -> dict:
+    """The solution (or, with `edits`, an honest variant of it) completes the week: every check passed or,
+    where this machine lacks the hardware, blocked."""
+    result, checks = grade_lab(week, edits=edits)
     assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
     for check in checks.values():
         expected = "passed" if machine.satisfies(check.needs) else "blocked"

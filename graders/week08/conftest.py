@@ -9,6 +9,7 @@ import torch
 
 from infracourse.compare import assert_close, tolerance
 from infracourse.grading.plugin import BLOCKED_PREFIX
+from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed, require_plain_tensor, run_watched
 
 ROUTES = ("triton", "cuda")
@@ -23,7 +24,12 @@ def module(learner):
 
 @pytest.fixture(scope="session")
 def route(module) -> str:
-    backend = getattr(module, "BACKEND", "triton")
+    try:
+        backend = module.BACKEND
+    except LearnerRaised as exc:  # the attribute is looked up in the worker: a missing one arrives as this
+        if exc.type_name != "AttributeError":
+            raise
+        backend = "triton"  # a softmax.py without BACKEND takes the Triton route
     if backend not in ROUTES:
         raise LabCheckFailed(f"softmax.py sets BACKEND = {backend!r}: use \"triton\" or \"cuda\"")
     return backend

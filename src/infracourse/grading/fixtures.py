@@ -46,7 +46,8 @@ class Learner:
             session = self.session
             worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
             worker.hung = session.hung
-            worker.on_call = lambda name: session.emit(event="calling", check=session.current, target=name)
+            worker.on_call = lambda name, inputs="", elements=0: session.emit(
+                event="calling", check=session.current, target=name, inputs=inputs, elements=elements)
             session.worker = worker
         return self.session.worker
 

@@ -13,8 +13,9 @@ Three processes, each trusting only what it may:
 
 Runner <- judge events, one JSON object per line:
   {"event": "start",  "check": ID}
-  {"event": "calling", "check": ID, "target": "module.function"}   (a learner call begins: if the check then
-                                                                     overruns, the runner remembers it as hung)
+  {"event": "calling", "check": ID, "target": "module.function", "inputs": "float32[3, 129]", "elements": int}
+                   (a learner call begins: if the check then overruns, the runner remembers it as hung; under the
+                   Triton interpreter each call gets its own limit, grown with its input: runner.call_limit)
   {"event": "result", "check": ID, "status": S, "message": str, "figures": {name: Figure}, "duration": s}
 
 Judge <-> worker messages (framed below, both directions):
@@ -376,6 +377,9 @@ def validate_event(event: Any, known_checks: set[str]) -> dict:
         raise ProtocolError(f"an event names check {event.get('check')!r}, which lab.yaml does not define")
     if event["event"] == "calling" and not (isinstance(event.get("target"), str) and len(event["target"]) <= 300):
         raise ProtocolError("a calling event names no function")
+    if event["event"] == "calling" and not (isinstance(event.get("inputs", ""), str) and len(event.get("inputs", "")) <= 300
+                                            and type(event.get("elements", 0)) is int and event.get("elements", 0) >= 0):
+        raise ProtocolError("a calling event describes its inputs wrongly")
     if event["event"] == "result":
         if event.get("status") not in STATUSES:
             raise ProtocolError(f"a result has status {event.get('status')!r}")

@@ -79,7 +79,7 @@ class Worker:
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
         self.hung: set[str] = set()          # functions that overran a limit earlier in this grade
-        self.on_call: Callable[[str], None] | None = None  # told the name of each learner function called
+        self.on_call: Callable[..., None] | None = None  # told (name, inputs, elements) of each learner call
         self.callbacks: dict[int, Callable] = {}
         self.released: list[tuple[int, int]] = []  # (generation, id) the judge dropped: freed with the next request
         self.callback_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infracourse-callback")
@@ -110,13 +110,14 @@ class Worker:
         os.close(to_worker)
         os.close(from_worker)
 
-    def before_call(self, name: str) -> None:
+    def before_call(self, name: str, args: tuple = ()) -> None:
         """Refuse a function that hung earlier in this grade; tell the runner which function is being called
-        (so that, if this call hangs, the next judge process knows not to call it again)."""
+        and on what (so that, if this call hangs, the next judge process knows not to call it again, and the
+        message names the input; under the Triton interpreter the runner's limit grows with the input)."""
         if name in self.hung:
             raise LearnerHung(name)
         if self.on_call is not None:
-            self.on_call(name)
+            self.on_call(name, *_describe(args))
 
     def ready(self) -> None:
         """Start a fresh worker if the last one died and wait until it answers, so that its start-up (importing
@@ -282,6 +283,15 @@ class Worker:
         return self.request("build", {"object": spec}).value
 
 
+def _describe(args: tuple) -> tuple[str, int]:
+    """('float32[1, 1000000], float32[1000000]', elements): the tensor arguments of a call, for the runner."""
+    import torch
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    text = ", ".join(f"{str(t.dtype).removeprefix('torch.')}[{', '.join(map(str, t.shape))}]" for t in tensors)
+    return text[:200], sum(t.numel() for t in tensors)
+
+
 def _what(exc: Exception) -> str:
     return str(exc) if isinstance(exc, ProtocolError) else f"{type(exc).__name__}: {str(exc)[:300]}"
 
@@ -370,8 +380,8 @@ class RemoteObject:
         """Call it in the worker; `watch={'poison': True}` also records the ops and kernels it ran."""
         import torch
 
-        self._worker.before_call(self._name())
         kwargs = kwargs or {}
+        self._worker.before_call(self._name(), tuple(args) + tuple(kwargs.values()))
         flat = list(args) + list(kwargs.values())
         needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
         target, generation = self._target()

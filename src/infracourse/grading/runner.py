@@ -34,6 +34,11 @@ from infracourse.hardware import Hardware, detect
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".backup-*", ".grade", ".ipynb_checkpoints")
 POLL_S = 0.05
+# Under the Triton interpreter (no GPU) every program instance of a kernel runs as Python, about 10 ms each
+# whatever its tile: a correct kernel with small tiles (a 2-D grid of 8x128 tiles over a 1-row input) takes
+# ~80 us per input element. So there each learner call gets the check's limit plus this much per element of
+# its tensor inputs (the judge's own count): a hang still ends, a correct kernel with small tiles does not.
+INTERPRETER_S_PER_ELEMENT = 250e-6
 
 EventHandler = Callable[[dict], None]
 
@@ -139,8 +144,9 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
     known = {c.id for c in lab.spec.checks}
     newly: dict[str, CheckResult] = {}
     started: set[str] = set()
-    calling: dict[str, str] = {}  # check -> the learner function it called last
+    calling: dict[str, dict] = {}  # check -> the calling event of the learner call it made last
     running: tuple[str, float] | None = None
+    interpreted = env.get("TRITON_INTERPRET") == "1"
     buffer = b""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -156,20 +162,18 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        running = _accept(line, lab, known, started, settled, newly, running, on_event, calling)
+                        running = _accept(line, lab, known, started, settled, newly, running, on_event, calling,
+                                          interpreted)
                 if running:
                     check = lab.spec.check(running[0])
-                    limit = check.timeout_s * timeout_scale
+                    call = calling.get(check.id, {})
+                    limit = call_limit(check.timeout_s * timeout_scale, call, interpreted)
                     if time.monotonic() - running[1] > limit:
                         _kill(proc)
-                        function = calling.get(check.id)
+                        function = call.get("target")
                         if function:
                             hung.add(function)
-                        inside = f" inside {function}()" if function else ""
-                        newly[check.id] = _result(check, "error", f"took longer than {limit:.0f} s{inside} and was "
-                                                  "stopped: an infinite loop, a deadlock, or work far too slow for this "
-                                                  "check" + (f"; {function}() is not called again in this grade"
-                                                             if function else ""))
+                        newly[check.id] = _result(check, "error", _overran(limit, call, interpreted))
                         if on_event:
                             on_event({"event": "result", "check": check.id, "status": "error"})
                         running = None
@@ -189,9 +193,32 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
     return newly, log_path.read_text(errors="replace")
 
 
+def call_limit(limit: float, call: dict, interpreted: bool) -> float:
+    """The seconds a check may run since its start or, under the Triton interpreter, since its last learner
+    call began: there the limit grows with that call's input (INTERPRETER_S_PER_ELEMENT)."""
+    return limit + (INTERPRETER_S_PER_ELEMENT * call.get("elements", 0) if interpreted else 0.0)
+
+
+def _overran(limit: float, call: dict, interpreted: bool) -> str:
+    """Why a check was stopped: the call that overran, its input, and what is slow where."""
+    function = call.get("target")
+    if not function:
+        return (f"took longer than {limit:.0f} s and was stopped: an infinite loop, a deadlock, or work far too slow "
+                "for this check")
+    inputs = f" on {call['inputs']}" if call.get("inputs") else ""
+    message = (f"took longer than {limit:.0f} s inside {function}(){inputs} and was stopped: an infinite loop, a "
+               f"deadlock, or work far too slow for this check; {function}() is not called again in this grade")
+    if interpreted:
+        message += (". No GPU here: Triton kernels run in its interpreter, where every program instance is Python "
+                    "(about 10 ms each, whatever its tile), so a grid of many small tiles is slow for this input "
+                    "even when correct. Use larger tiles (1024 elements or more per program; on a 1-row input, "
+                    "tiles one row high) or fewer programs, each looping over its share")
+    return message
+
+
 def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict, newly: dict,
             running: tuple[str, float] | None, on_event: EventHandler | None,
-            calling: dict[str, str]) -> tuple[str, float] | None:
+            calling: dict[str, dict], interpreted: bool = False) -> tuple[str, float] | None:
     """Take one event line if the contract allows it; returns the check now running."""
     try:
         event = validate_event(json.loads(line), known)
@@ -202,7 +229,9 @@ def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict,
         return running  # settled already (blocked here, or reported once): never overwritten
     if event["event"] == "calling":
         if running and running[0] == check.id:
-            calling[check.id] = event["target"]
+            calling[check.id] = event
+            if interpreted:  # each call gets its own limit there (call_limit)
+                running = (check.id, time.monotonic())
         return running
     if event["event"] == "start":
         started.add(check.id)
