@@ -1,4 +1,6 @@
 """Week 1 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+from pathlib import Path
+
 import pytest
 
 from conftest import replace_once
@@ -18,11 +20,12 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert checks["warmup"].status == "failed"
     assert "write the warm-up loop and the timed loop" in checks["warmup"].message
     assert "linear-interpolation percentile" in checks["percentiles"].message
+    assert "loop_sum in loop_sum.c returned 0.0" in checks["compiled-loop"].message
     assert checks["report"].status == "failed"
     assert "in your own words" in checks["report"].message
 
 
-HARNESS, BENCHMARK = "harness.py", "benchmark.py"
+HARNESS, BENCHMARK, C_LOOP = "harness.py", "benchmark.py", "loop_sum.c"
 VARIANTS = {
     # the clock is read as soon as fn returns: asynchronous work is not waited for
     "no synchronisation": ("sync-thread", HARNESS, replace_once(
@@ -56,6 +59,25 @@ VARIANTS = {
         "time_calls(torch.sum, lambda: (tensor,),", "time_calls(lambda: torch.sum(torch.tensor(values)),")),
     # samples written with 3 significant digits: the summary no longer recomputes from them
     "raw samples rounded": ("raw-data", BENCHMARK, replace_once("repr(s)", 'f"{s:.3g}"')),
+    # class 6: waits on two calls of three; the median of the samples is still the job's length
+    "sync skipped on every third call": ("sync-thread", HARNESS, replace_once(
+        "        fn(*args)\n        sync()  # an asynchronous call returns before its work is done: wait before "
+        "reading the clock\n", "        fn(*args)\n        if len(samples) % 3:\n            sync()\n")),
+    # class 1: figures returned without measuring (plausible on this machine, but not measured in the call)
+    "hard-coded overhead": ("overhead", BENCHMARK, replace_once(
+        '    """Nanoseconds per element of a Python loop and of torch.sum over the same n floats (medians)."""\n',
+        '    """Nanoseconds per element of a Python loop and of torch.sum over the same n floats (medians)."""\n'
+        '    return {"n": n, "loop_ns_per_element": 20.0, "vectorised_ns_per_element": 0.05}\n')),
+    # class 1: a fabricated sweep: the concurrent runs never made, their latencies invented
+    "concurrency sweep invented": ("raw-data", BENCHMARK, replace_once(
+        "            result = run_concurrent(fn, concurrency=c, calls=calls * c)\n",
+        "            result = {'latencies': [0.0062] * (calls * c), 'throughput': c / 0.0062}\n")),
+    # correctness of the compiled loop: the last element is never added
+    "C loop skips the last element": ("compiled-loop", C_LOOP, replace_once("i < n;", "i < n - 1;")),
+    # class 1: the compiled figure written down, not measured
+    "compiled figure hard-coded": ("compiled-loop", BENCHMARK, replace_once(
+        '    source = Path(__file__).with_name("loop_sum.c")\n',
+        '    return {"n": n, "c_ns_per_element": 0.55}\n')),
 }
 
 
@@ -63,6 +85,16 @@ VARIANTS = {
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, file, edit = VARIANTS[name]
     assert_variant_fails(grade_lab, "week01", check_id, {file: edit})
+
+
+HONEST = Path(__file__).parent / "fixtures" / "honest" / "week01"
+
+
+@pytest.mark.parametrize("style", ["ns_clock_threads", "numpy_pool"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
+    """Written from the handout alone, unlike the reference: a grader that fails one of them is wrong."""
+    edits = {path.name: path.read_text() for path in (HONEST / style).iterdir() if path.suffix in (".py", ".c")}
+    assert_solution_passes(grade_lab, machine, "week01", edits=edits)
 
 
 def test_report_in_other_words_passes(grade_lab):
