@@ -339,7 +339,7 @@ def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure th
            as_json: bool = typer.Option(False, "--json")):
     """Versions, GPU, tier, what will be blocked here; --calibrate measures this GPU's ceilings."""
     from infracourse.hardware import calibrate as run_calibration
-    from infracourse.hardware import cached_ceilings, detect
+    from infracourse.hardware import cached_ceilings, detect, toolchain_warnings
 
     hw = detect()
     ceilings = None
@@ -355,10 +355,13 @@ def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure th
     confined = sandbox.status()
     if as_json:
         print(json.dumps({"hardware": hw.as_dict(), "ceilings": ceilings and ceilings.__dict__,
-                          "blocked": blocked, "sandbox": {"available": confined.available,
+                          "blocked": blocked, "toolchain": toolchain_warnings(hw),
+                          "sandbox": {"available": confined.available,
                                                           "describe": confined.describe()}}, indent=1))
         return
     views.print_doctor(console, hw, ceilings, blocked)
+    for warning in toolchain_warnings(hw):
+        console.print(f"[yellow]{escape(warning)}[/yellow]")
     console.print(f"sandbox for learner code: {escape(confined.describe())}" if confined.available else
                   f"[yellow]sandbox for learner code: {escape(confined.describe())}[/yellow] — your own grades "
                   "still work (unsandboxed); `cohort regrade` needs --allow-unsandboxed here")

@@ -65,6 +65,41 @@ class Hardware:
         return asdict(self) | {"fingerprint": self.fingerprint()}
 
 
+# The toolchain the labs were proven with (reference solutions and honest variants graded complete): on CPU
+# torch 2.13 (CPU build) + triton 3.6.0 in its interpreter, on the H200 torch 2.11 (cu130) + triton 3.6.0.
+# [lowest, first excluded) per package; pyproject.toml declares the same ranges. `infracourse doctor` warns
+# outside them: a newer Triton has removed interpreter APIs and changed numerics before.
+PROVEN = {"torch": ("2.11", "2.14"), "triton": ("3.6", "3.7")}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(2, 13, 0) for '2.13.0+cpu' or '2.13.0.dev20260101'."""
+    import re
+
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+        if digits.group() != piece:  # '0rc1': the release ends here
+            break
+    return tuple(parts)
+
+
+def toolchain_warnings(hw: "Hardware") -> list[str]:
+    """One line per installed package outside the range the labs were proven with (PROVEN)."""
+    warnings = []
+    for name, (low, high) in PROVEN.items():
+        version = getattr(hw, name)
+        if version is None:
+            continue
+        if not _release(low) <= _release(version) < _release(high):
+            warnings.append(f"{name} {version} is outside the range the labs were proven with (>={low},<{high}): "
+                            f"graders may fail correct kernels; pip install \"{name}>={low},<{high}\"")
+    return warnings
+
+
 def _module_version(name: str) -> str | None:
     try:
         module = __import__(name)
