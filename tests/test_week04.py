@@ -1,4 +1,7 @@
-"""Week 4 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+"""Week 4 proves its grader: the solution passes, the starter fails, each wrong variant fails its check, and an
+honest solution written from the handout in another style (tests/fixtures/week04-honest) passes."""
+from pathlib import Path
+
 import pytest
 
 from conftest import replace_once
@@ -104,3 +107,15 @@ def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
     _, checks = grade_lab("week04", edits={"report.md": reworded})
     assert checks["report"].status == "passed", checks["report"].message
+
+
+HONEST = Path(__file__).parent / "fixtures" / "week04-honest"
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    files = ("views.py", "rmsnorm_function.py", "blocks.py")
+    result, checks = grade_lab("week04", edits={name: (HONEST / name).read_text() for name in files})
+    for check in checks.values():
+        expected = "passed" if machine.satisfies(check.needs) else "blocked"
+        assert check.status == expected, (check.id, check.status, check.message)
+    assert result.complete

@@ -32,6 +32,11 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert "aten::cat" in checks["profile-no-copy"].message
 
 
+CLIP = "    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM, foreach=True)\n"
+NUMPY_CLIP = ("    import numpy as np\n"
+              "    grads = [p.grad for p in model.parameters()]\n"
+              "    norm = float(np.linalg.norm(np.concatenate([g.numpy().ravel() for g in grads])))\n"
+              "    torch._foreach_mul_(grads, min(1.0, MAX_GRAD_NORM / (norm + 1e-6)))\n")
 VARIANTS = {
     "memory.py": {
         "Adam states counted once": ("memory-optimizer", replace_once("else 2 * e * n", "else e * n")),
@@ -76,6 +81,9 @@ VARIANTS = {
             "    grads = [p.grad for p in model.parameters()]\n"
             "    norm = torch.cat([g.flatten() for g in grads]).norm()\n"
             "    torch._foreach_mul_(grads, (MAX_GRAD_NORM / (norm + 1e-6)).clamp(max=1.0))\n")),
+        # class 5: no aten::_local_scalar_dense and no torch allocation, yet a host read and a full copy
+        "gradient norm through NumPy (read)": ("profile-no-sync", replace_once(CLIP, NUMPY_CLIP)),
+        "gradient norm through NumPy (copy)": ("profile-no-copy", replace_once(CLIP, NUMPY_CLIP)),
         "clipping dropped": ("step-correct", replace_once(
             "    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM, foreach=True)\n", "")),
     },

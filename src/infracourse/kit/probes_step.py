@@ -16,6 +16,34 @@ from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.train import slow_train_step
 
 SYNC_OP = "aten::_local_scalar_dense"  # what .item(), float(t) and bool(t) run: the host waits for the value
+# what a GPU profile shows when the host waits for the device or copies a value back to it
+DEVICE_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "Memcpy DtoH")
+HOST_READ_METHODS = frozenset({"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__",
+                               "__complex__", "__repr__", "__str__", "__format__"})
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts tensor methods that hand a tensor's values to Python (and .cpu()/.to() of a device tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        first = args[0] if args else None
+        on_device = isinstance(first, torch.Tensor) and first.device.type != "cpu"
+        if name in HOST_READ_METHODS or (name in ("cpu", "to") and on_device and _to_host(name, args, kwargs or {})):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _to_host(name: str, args, kwargs) -> bool:
+    """A .cpu(), or a .to() whose target device is the host."""
+    if name == "cpu":
+        return True
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
 
 
 class TrainSteps:
@@ -58,25 +86,38 @@ class TrainSteps:
         prof.export_chrome_trace(str(path))
 
     def profile(self, inputs, targets, bare: bool = False) -> dict:
-        """One step under torch.profiler: calls of the sync op, and bytes each op allocated (self, CPU plus
-        device). `bare`: forward, backward and optimizer.step() alone, the floor a step is held against."""
+        """One step watched by three observers: the torch profiler (calls of the sync op; bytes each op
+        allocated, self, CPU plus device; on a GPU, device-to-host copies and the runtime's waits), a
+        TorchFunctionMode (host reads at the Python level: .item(), .tolist(), .numpy(), float(t), bool(t),
+        printing, .cpu() of a device tensor) and tracemalloc (bytes allocated outside torch, NumPy's
+        included). `bare`: forward, backward and optimizer.step() alone, the floor a step is held against."""
+        import tracemalloc
+
         from torch.profiler import ProfilerActivity, profile
 
         device = next(self.model.parameters()).device.type
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities, profile_memory=True) as prof:
-            if bare:
-                self.model(inputs, targets)[1].backward()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-            else:
-                self.step(inputs, targets)
-        allocated, syncs = {}, 0
+        reads = _HostReads()
+        tracemalloc.start()
+        try:
+            with profile(activities=activities, profile_memory=True) as prof, reads:
+                if bare:
+                    self.model(inputs, targets)[1].backward()
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                else:
+                    self.step(inputs, targets)
+            python_bytes = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        allocated, syncs, waits = {}, 0, 0
         for event in prof.events():
             syncs += event.name == SYNC_OP
+            waits += event.name.startswith(DEVICE_WAITS)
             grown = max(event.self_cpu_memory_usage, 0) + max(getattr(event, "self_device_memory_usage", 0), 0)
             allocated[event.name] = allocated.get(event.name, 0) + grown
-        return {"syncs": syncs, "allocated": allocated}
+        return {"syncs": syncs, "host_reads": reads.count, "device_waits": waits, "allocated": allocated,
+                "python_bytes": int(python_bytes)}
 
 
 FORWARD_ONLY_OPS = frozenset({"aten::linear", "aten::gelu", "aten::scaled_dot_product_attention"})
