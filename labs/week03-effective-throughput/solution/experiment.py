@@ -113,6 +113,48 @@ def latency_table(scheme, model, sequences: list[torch.Tensor], concurrencies: l
             for c in concurrencies]
 
 
+TIMELINE_KEYS = ("data_wait_s", "transfer_s", "launch_s", "compute_s", "idle_s")
+BY_PRIORITY = ("compute_s", "transfer_s", "data_wait_s", "launch_s")  # what the device computes wins
+
+
+def _class_of(event: dict) -> int | None:
+    """0 compute, 1 transfer, 2 data wait, 3 launch (the order of priority); None for anything else."""
+    if event["cat"] == "kernel":
+        return 0
+    if event["cat"] == "gpu_memcpy":
+        return 1
+    if "DataLoader" in event["name"]:
+        return 2
+    if event["cat"] == "cuda_runtime":
+        return 3
+    return None
+
+
+def classify_timeline(events: list[dict]) -> dict:
+    """Seconds of the trace's span spent in each class: a sweep over the sorted start and end points, keeping a
+    count of the open events of each class; each stretch goes to the highest-priority class open in it."""
+    points = []
+    for e in events:
+        if e.get("ph") == "X" and (kind := _class_of(e)) is not None:
+            points += [(e["ts"], 1, kind), (e["ts"] + e["dur"], -1, kind)]
+        elif e.get("ph") == "X":
+            points += [(e["ts"], 0, None), (e["ts"] + e["dur"], 0, None)]  # widens the span only
+    out = dict.fromkeys(TIMELINE_KEYS, 0.0)
+    if not points:
+        return out
+    points.sort(key=lambda p: p[0])
+    open_ = [0, 0, 0, 0]
+    previous = points[0][0]
+    for t, delta, kind in points:
+        if t > previous:
+            active = next((i for i in range(4) if open_[i]), None)
+            out[BY_PRIORITY[active] if active is not None else "idle_s"] += (t - previous) / 1e6
+            previous = t
+        if kind is not None:
+            open_[kind] += delta
+    return out
+
+
 def main() -> None:
     from infracourse.kit.gpt import GPTConfig
     from infracourse.kit.sequences import TokenModel, random_batches

@@ -40,6 +40,13 @@ def latency_table(scheme, model, sequences: list[torch.Tensor], concurrencies: l
     raise NotImplementedError("latency_table(): serve the requests and measure latency and throughput")
 
 
+def classify_timeline(events: list[dict]) -> dict:
+    """Seconds of the trace's span in data_wait_s, transfer_s, launch_s, compute_s and idle_s (see the handout)."""
+    # TODO(week03): sort the events' start and end points; give each stretch between two points to the
+    # highest-priority class open during it (compute, transfer, data wait, launch), else to idle.
+    raise NotImplementedError("classify_timeline(): attribute the trace's span to data wait/transfer/launch/compute")
+
+
 def main() -> None:
     from infracourse.kit.gpt import GPTConfig
     from infracourse.kit.sequences import TokenModel, random_batches
