@@ -20,6 +20,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert "build the (B, L_max) batch" in checks["schemes-correct"].message
     assert "serve the requests" in checks["littles-law"].message
     assert checks["effective-gain"].status == "failed"
+    assert "attribute the trace's span" in checks["timeline"].message
 
 
 SCHEMES, EXPERIMENT = "schemes.py", "experiment.py"
@@ -59,6 +60,15 @@ VARIANTS = {
         "    return torch.cat(fixed), lambda logits: [o[:n] for o, n in zip(logits.split(256), lengths)]")(
         replace_once("    tokens = pad_sequence(seqs, batch_first=True)",
                      "    import time; time.sleep(0.05)\n    tokens = pad_sequence(seqs, batch_first=True)")(text))),
+    # the timeline: overlapping host and device time counted twice (each event's own duration summed)
+    "timeline sums durations": ("timeline", EXPERIMENT, replace_once(
+        "    points.sort(key=lambda p: p[0])\n",
+        "    for e in events:\n        if e.get('ph') == 'X' and (kind := _class_of(e)) is not None:\n"
+        "            out[BY_PRIORITY[kind]] += e['dur'] / 1e6\n    return out\n")),
+    # the timeline: classes mislabelled (kernel time filed as data wait, data wait as compute)
+    "timeline ranks data wait over compute": ("timeline", EXPERIMENT, replace_once(
+        'BY_PRIORITY = ("compute_s", "transfer_s", "data_wait_s", "launch_s")',
+        'BY_PRIORITY = ("data_wait_s", "transfer_s", "compute_s", "launch_s")')),
 }
 
 
