@@ -113,7 +113,9 @@ def test_utilisation_and_effective_throughput(schemes, experiment, workload, lea
                 f"model alone ran from the first timed batch to the last for {span * 1e3:.2f} ms, and the whole "
                 f"measure call took {call_s * 1e3:.2f} ms. Divide the tokens by the wall clock of the timed loop, "
                 "measured around it.")
-        if abs(result["utilisation"] - busy / wall) > 0.15:
+        # One-sided: the learner's busy time holds the model calls the stamps cover, plus the sync and unpack and
+        # any preemption around them (a loaded machine put 100 % against the stamps' 84 % for an honest pack).
+        if result["utilisation"] < busy / wall - 0.1:
             raise LabCheckFailed(
                 f"{name}: you report utilisation {result['utilisation']:.0%}, but the model computed for "
                 f"{busy * 1e3:.2f} ms of the {wall * 1e3:.2f} ms your throughput implies ({busy / wall:.0%}). "
