@@ -10,7 +10,7 @@ import torch
 from infracourse.compare import assert_close, tolerance
 from infracourse.grading.plugin import BLOCKED_PREFIX
 from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import LabCheckFailed, require_plain_tensor, run_watched
+from infracourse.guard import LabCheckFailed, interpreter_note, require_plain_tensor, run_watched
 
 ROUTES = ("triton", "cuda")
 # Below 6.1e-5 fp16 is subnormal, spaced 6e-8 apart: rounding there loses up to half a step whatever the kernel.
@@ -59,7 +59,10 @@ def expect_softmax(out, x: torch.Tensor, expected: torch.Tensor, what: str) -> N
     """out must be a plain tensor like x holding softmax(x) (`expected`, float64) within tolerance."""
     require_plain_tensor(out, like=x, what=f"softmax output for {what}")
     rtol, atol = softmax_tolerance(x)
-    assert_close(out, expected, rtol=rtol, atol=atol, what=f"softmax for {what}")
+    try:
+        assert_close(out, expected, rtol=rtol, atol=atol, what=f"softmax for {what}")
+    except LabCheckFailed as exc:
+        raise LabCheckFailed(f"{exc}.{interpreter_note(x.dtype)}") from None
 
 
 @pytest.fixture(scope="session")

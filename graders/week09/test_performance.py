@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from infracourse.compare import relative_error
-from infracourse.grading.inputs import tensors
+from infracourse.grading.inputs import dtype_name, tensors
 from infracourse.grading.perf import reference_time, require_fraction, timed
 from infracourse.guard import LabCheckFailed
 
@@ -14,7 +14,7 @@ SWEEP = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4097, 4097, 4
 
 def _race(mm, M, K, N, dtype, ceilings, error_bound, seed):
     """Time the learner's matmul (in the worker) and torch.mm (here) on fresh inputs of one shape."""
-    spec = tensors([[M, K], [K, N]], dtype=str(dtype).removeprefix("torch."), seed=seed)
+    spec = tensors([[M, K], [K, N]], dtype=dtype_name(dtype), seed=seed)
 
     def check(out, args):
         err = relative_error(out, args[0].float() @ args[1].float())
@@ -24,7 +24,7 @@ def _race(mm, M, K, N, dtype, ceilings, error_bound, seed):
 
     flops, moved = 2 * M * N * K, (M * K + K * N + M * N) * dtype.itemsize
     yours = timed(mm.matmul, spec, check=check, flops=flops, bytes_moved=moved, ceilings=ceilings,
-                  label=f"matmul ({M}x{K}) @ ({K}x{N})")
+                  label=f"matmul ({M}x{K}) @ ({K}x{N})", require_kernel=True)
     cublas = reference_time(torch.mm, spec)
     return yours, cublas, flops, moved
 

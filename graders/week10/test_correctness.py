@@ -5,24 +5,23 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.compare import assert_close, relative_error
+from infracourse.compare import assert_close, assert_grad_close, relative_error
+from infracourse.grading.inputs import dtype_name as _name
 from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed, fenced, require_plain_tensor, run_watched
+from infracourse.guard import LabCheckFailed, fenced, interpreter_note, require_plain_tensor, run_watched
 from infracourse.kit.gpt import GPTConfig, synthetic_batch
 from infracourse.kit.probes import GPTTrainer
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (rows, hidden) and (batch, seq, hidden): hidden sizes that are no power of two, one row, 3-D activations
 SHAPES = [(1, 1), (3, 33), (17, 127), (8, 1000), (2, 5, 64), (4, 3, 257)]
-# Gradient error allowed per element: bound x (|reference| + rms of its row), so that elements near zero
-# (dx cancels where dy*w ~ x_hat * mean(dy*w*x_hat)) are judged on the row's scale. fp16/bf16 gradients carry
-# their own rounding (5e-4, 4e-3 to 8e-3 when rounding truncates).
-GRAD_BOUNDS = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+# Gradients: each element within compare.GRADIENT_TOLERANCES x (|reference| + rms of its row), on CPU and on
+# the GPU's timed shapes alike. dw sums every row: far more rows than any tile or program count, so a reduction
+# that drops rows past the first programs' share, or adds in fp16/bf16, shows.
+MANY_ROWS = [(4099, 8, torch.float32)]  # (one case: 4099 interpreted programs cost ~30 s on a CPU)
+GRADIENT_HINT = ("With x_hat = x * rstd and g = dy * w: dx = rstd * (g - x_hat * mean(g * x_hat)) over each row, "
+                 "dw = sum over all rows of dy * x_hat, both in fp32.")
 SCALE = 2.5  # inputs of rms 2.5, so 1/rms is not 1 and a dropped factor of rstd shows
-
-
-def _name(dtype):
-    return str(dtype).replace("torch.", "")
 
 
 def make_inputs(shape, dtype, device, weight_dtype=None):
@@ -36,26 +35,16 @@ def check_forward(rms, x, weight, reference, what, eps=None):
     out = run_watched(rms.rms_norm, *args, name="rms_norm", require_kernel=False)
     require_plain_tensor(out, like=x, what=f"rms_norm output for {what} (x's shape and dtype)")
     expected = reference(x, weight) if eps is None else reference(x, weight, eps=eps)
-    assert_close(out, expected, what=f"rms_norm for {what}")
+    try:
+        assert_close(out, expected, what=f"rms_norm for {what}")
+    except LabCheckFailed as exc:
+        raise LabCheckFailed(f"{exc}.{interpreter_note(x.dtype)}") from None
 
 
 def require_grad_close(actual, expected, like, what):
-    """Each element within GRAD_BOUNDS[dtype] x (|reference| + rms of the reference's row)."""
+    """Each element within compare.GRADIENT_TOLERANCES x (|reference| + rms of the reference's row)."""
     require_plain_tensor(actual, like=like, what=what)
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
-    if not torch.isfinite(a).all():
-        raise LabCheckFailed(f"{what}: NaN or inf in your gradient (the reference is finite): a load past the end "
-                             "of a row, an element never written, or squares overflowing below fp32")
-    bound = GRAD_BOUNDS[actual.dtype] * (e.abs() + e.pow(2).mean(-1, keepdim=True).sqrt())
-    bad = (a - e).abs() > bound
-    if bad.any():
-        where = tuple(torch.nonzero(bad)[0].tolist())
-        raise LabCheckFailed(
-            f"{what}: {int(bad.sum())} of {a.numel()} elements off (relative error {relative_error(a, e):.2e}); first "
-            f"at index {list(where)}: yours {a[where].item():.6g}, autograd of the unfused ops {e[where].item():.6g}. "
-            "With x_hat = x * rstd and g = dy * w: dx = rstd * (g - x_hat * mean(g * x_hat)) over each row, "
-            "dw = sum over all rows of dy * x_hat, both in fp32.")
+    assert_grad_close(actual, expected, what=f"{what} (reference: autograd of the unfused ops)", hint=GRADIENT_HINT)
 
 
 def gradients(rms, x, weight, dy, eps=None):
@@ -98,6 +87,11 @@ def test_backward_correct(rms, device, seed, reference):
         dy = torch.randn(129, 9, device=device).to(dtype).t()
         check_backward(rms, base[:, 5:134], weight, dy, reference,
                        f"a sliced x (row stride 140, hidden 129) and a transposed dy, {_name(dtype)} (seed {seed})")
+    for rows, cols, dtype in MANY_ROWS:
+        x, weight = make_inputs((rows, cols), dtype, device)
+        dy = torch.randn(rows, cols, device=device).to(dtype)
+        check_backward(rms, x, weight, dy, reference, f"x ({rows}, {cols}) {_name(dtype)}: dw sums all {rows} rows "
+                       f"(seed {seed})")
 
 
 @pytest.mark.check("edge-inputs")

@@ -72,3 +72,28 @@ def relative_error(actual: Any, expected: Any) -> float:
     denominator = torch.linalg.vector_norm(e).item()
     numerator = torch.linalg.vector_norm(a - e).item()
     return numerator / denominator if denominator else numerator
+
+
+# Per-element bound for gradients, as a fraction of (|reference| + the rms of the reference's row): elements that
+# cancel to near zero (dx of a norm) are judged on their row's scale. fp16/bf16 gradients carry their own rounding.
+GRADIENT_TOLERANCES = {"torch.float32": 1e-5, "torch.float16": 4e-3, "torch.bfloat16": 2e-2}
+
+
+def assert_grad_close(actual: Any, expected: Any, *, what: str, hint: str = "") -> None:
+    """Every element of a gradient within GRADIENT_TOLERANCES[dtype] x (|reference| + rms of its row)."""
+    import torch
+
+    a = actual.detach().to(torch.float64)
+    e = expected.detach().to(a.device, torch.float64)
+    if not torch.isfinite(a).all():
+        raise LabCheckFailed(f"{what}: NaN or inf in your gradient (the reference is finite): a load past the end "
+                             "of a row, an element never written, or squares overflowing below fp32")
+    if str(actual.dtype) not in GRADIENT_TOLERANCES:
+        raise LabCheckFailed(f"{what}: a {actual.dtype} gradient; return it in its input's dtype (fp32, fp16 or bf16)")
+    bound = GRADIENT_TOLERANCES[str(actual.dtype)] * (e.abs() + e.pow(2).mean(-1, keepdim=True).sqrt())
+    bad = (a - e).abs() > bound
+    if bad.any():
+        where = tuple(torch.nonzero(bad)[0].tolist())
+        raise LabCheckFailed(
+            f"{what}: {int(bad.sum())} of {a.numel()} elements off (relative error {relative_error(a, e):.2e}); first "
+            f"at index {list(where)}: yours {a[where].item():.6g}, reference {e[where].item():.6g}. {hint}".strip())

@@ -407,6 +407,18 @@ def require_data_flow(record: CallRecord, args: tuple, name: str) -> None:
                              "output buffer your kernel stored into.")
 
 
+def interpreter_note(dtype) -> str:
+    """For a bf16 failure graded under Triton's interpreter (no GPU): say that the interpreter, not the GPU, is
+    where bf16 arithmetic goes wrong, and what to do. Empty otherwise."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or "bfloat16" not in str(dtype):
+        return ""
+    return (" This machine runs Triton's CPU interpreter (no GPU), which computes wrongly on bf16 values (and "
+            "tl.dot on bf16 tiles) in Triton 3.x, an interpreter-only fault: upcast with .to(tl.float32) right "
+            "after tl.load (under TRITON_INTERPRET=1 at least) and store with .to(ptr.dtype.element_ty).")
+
+
 def require_plain_tensor(out: Any, *, like: Any = None, shape=None, dtype=None, device=None, what: str = "output"):
     """The output must be a real torch.Tensor (not a subclass or lazy wrapper) with the expected metadata."""
     import torch

@@ -12,6 +12,11 @@ from typing import Any, Callable
 from infracourse.grading.protocol import WorkerObject
 
 
+def dtype_name(dtype) -> str:
+    """'bfloat16' for torch.bfloat16: the name input specs take (`tensors(dtype=...)`) and messages show."""
+    return str(dtype).removeprefix("torch.")
+
+
 def build(spec: WorkerObject) -> Callable[[int], tuple]:
     """The judge's own copy of a generator the worker builds from the same spec."""
     module_name, _, name = spec.target.partition(":")
