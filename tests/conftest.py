@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from infracourse.cohort.release import is_honest_solution
 from infracourse.course import Course
 from infracourse.grading.report import stamp_environment
 from infracourse.grading.runner import grade
@@ -60,6 +61,8 @@ def _missing_solution(error: BaseException) -> bool:
     if not (isinstance(error, FileNotFoundError) and error.filename):
         return False
     path = Path(error.filename).resolve()
+    if path.is_relative_to(REPO) and is_honest_solution(path.relative_to(REPO).as_posix()):
+        return True  # an honest solution of tests/fixtures, which a release leaves out like the reference
     return path.is_relative_to(REPO / "labs") and path.relative_to(REPO / "labs").parts[1:2] == ("solution",)
 
 

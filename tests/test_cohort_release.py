@@ -40,6 +40,13 @@ def test_release_of_this_repository_has_no_solution_and_works(tmp_path):
     assert f"{WEEK07}/solution/vector_ops.py" in removed
     assert removed["tests/test_week07.py"].startswith(f"quotes {WEEK07}/solution/vector_ops.py")
     assert (out / WEEK07 / "starter" / "vector_ops.py").is_file() and (out / "graders" / "week07").is_dir()
+    # the honest solutions the lab proofs grade are whole answers too: none ships, each is listed
+    honest = [p for p in (REPO / "tests").rglob("*.py") if "honest" in p.relative_to(REPO / "tests").parts[:-1]
+              or any(part.endswith("-honest") for part in p.relative_to(REPO / "tests").parts[:-1])]
+    assert honest, "the lab proofs grade honest solutions under tests/fixtures"
+    for path in honest:
+        rel = path.relative_to(REPO).as_posix()
+        assert not (out / rel).exists() and removed[rel].startswith("an honest solution"), rel
     assert (out / "pyproject.toml").is_file() and (out / "README.md").is_file()
 
     # the learner's first command: a workspace from the release unlocks week 7 from its starter

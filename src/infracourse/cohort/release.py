@@ -4,7 +4,9 @@ What the copy holds: the files git tracks (as they are in the working tree; with
 caches and build output), less:
   1. every `labs/*/solution/` file;
   2. test files (`tests/**/test_*.py`) that hold a solution: the instructor's proofs of the graders quote
-     the reference code to build wrong variants from it. Each is listed in RELEASE.json with its reason.
+     the reference code to build wrong variants from it. Each is listed in RELEASE.json with its reason;
+  3. the honest solutions the proofs grade (any file below a `tests/` folder named `honest` or `*-honest`):
+     whole working answers in other styles than the reference, which no content check would recognise.
 Anything else that holds a solution stops the release with an error naming the file and the line.
 "Holds a solution" is checked by content, whatever the file is called:
   - whole files: the sha256 of every solution file (unless the starter has the same bytes: not a secret);
@@ -66,8 +68,9 @@ def release(course_root: Path, out_dir: Path) -> ReleaseReport:
     removed = []
     for rel in shipped:
         reason, evidence = ("a reference solution", "") if _is_solution_path(rel) else \
+            ("an honest solution the graders' proofs grade", "") if is_honest_solution(rel) else \
             _leak((root / rel).read_bytes(), secrets)
-        if reason and not (_is_test(rel) or _is_solution_path(rel)):
+        if reason and not (_is_test(rel) or _is_solution_path(rel) or is_honest_solution(rel)):
             shutil.rmtree(part, ignore_errors=True)
             raise ReleaseError(f"{root / rel}: {reason}{evidence}; a learner copy must not show it: remove the "
                                "solution code from this file (or move the file under tests/ if it is the graders' "
@@ -154,6 +157,12 @@ def _lines(data: bytes) -> list[str]:
 def _is_solution_path(rel: str) -> bool:
     parts = rel.split("/")
     return len(parts) > 3 and parts[0] == "labs" and parts[2] == "solution"
+
+
+def is_honest_solution(rel: str) -> bool:
+    """A file of tests/**/honest/** or tests/**/*-honest/**: a learner's answer written for a lab proof."""
+    parts = rel.split("/")
+    return parts[0] == "tests" and any(p == "honest" or p.endswith("-honest") for p in parts[1:-1])
 
 
 def _is_test(rel: str) -> bool:
