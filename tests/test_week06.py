@@ -114,7 +114,8 @@ def test_report_with_an_invented_figure_fails(grade_lab, machine):
 HONEST = Path(__file__).parent / "fixtures" / "week06-honest"
 
 
-def test_honest_solution_in_another_style_passes(course, machine, tmp_path):
+@pytest.mark.parametrize("style", ["week06-honest", "week06-honest-b"])
+def test_honest_solution_in_another_style_passes(course, machine, tmp_path, style):
     from infracourse.grading.report import stamp_environment
     from infracourse.grading.runner import grade
 
@@ -123,7 +124,7 @@ def test_honest_solution_in_another_style_passes(course, machine, tmp_path):
     shutil.copytree(lab.solution, folder)
     shutil.rmtree(folder / "traces")  # the honest step's own traces, written by its own script
     for name in ("memory.py", "step.py", "checkpointing.py", "profile_traces.py"):
-        shutil.copy(HONEST / name, folder / name)
+        shutil.copy(HONEST.parent / style / name, folder / name)
     subprocess.run([sys.executable, "profile_traces.py"], cwd=folder, check=True, capture_output=True)
     stamp_environment(folder / lab.spec.report, machine)
     result = grade(course, "week06", folder, hardware=machine)
