@@ -45,6 +45,7 @@ CAUSES = {
 }
 
 
+@pytest.mark.variant  # a known-wrong variant's grade, like those of assert_variant_fails (the quick tier skips it)
 @pytest.mark.parametrize("name", list(CAUSES))
 def test_failure_message_names_the_real_cause(grade_lab, name):
     week, check_id, file, edit, cause = CAUSES[name]
