@@ -112,7 +112,7 @@ def test_report_in_other_words_passes(grade_lab):
 HONEST = Path(__file__).parent / "fixtures" / "week04-honest"
 
 
-@pytest.mark.parametrize("style", ["week04-honest", "week04-honest-b"])
+@pytest.mark.parametrize("style", ["week04-honest", "week04-b-honest"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
     files = ("views.py", "rmsnorm_function.py", "blocks.py")
     result, checks = grade_lab("week04", edits={name: (HONEST.parent / style / name).read_text() for name in files})

@@ -114,7 +114,7 @@ def test_report_with_an_invented_figure_fails(grade_lab, machine):
 HONEST = Path(__file__).parent / "fixtures" / "week06-honest"
 
 
-@pytest.mark.parametrize("style", ["week06-honest", "week06-honest-b"])
+@pytest.mark.parametrize("style", ["week06-honest", "week06-b-honest"])
 def test_honest_solution_in_another_style_passes(course, machine, tmp_path, style):
     from infracourse.grading.report import stamp_environment
     from infracourse.grading.runner import grade
