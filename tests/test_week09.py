@@ -99,4 +99,4 @@ def test_report_in_other_words_passes(grade_lab):
 def test_report_with_an_invented_figure_fails(grade_lab, machine):
     _, checks = grade_lab("week09", edits={"report.md": invented("intensity_4096_bf16", 10.0)})
     assert checks["report"].status == "failed"
-    assert "intensity_4096_bf16 = " in checks["report"].message and "the grader measured" in checks["report"].message
+    assert "intensity_4096_bf16 = " in checks["report"].message and "the grader computes" in checks["report"].message
