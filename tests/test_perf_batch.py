@@ -80,3 +80,58 @@ def test_timed_through_the_worker_fails_when_the_clocked_calls_are_wrong(tmp_pat
                        label="add", calls=4)
     finally:
         worker.close()
+
+
+ADD_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _copy(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+'''
+
+
+@pytest.mark.parametrize("body, passes", [
+    # honest: the wrapper copies its inputs (.contiguous() of a transposed view, a cast) before the kernel
+    ("    a, b = x.mT.contiguous().mT.contiguous(), y.float().to(y.dtype)\n"
+     "    out = torch.empty_like(a)\n"
+     "    _add[(triton.cdiv(a.numel(), 64),)](a, b, out, a.numel(), BLOCK=64)\n"
+     "    return out\n", True),
+    # not: torch computes the answer, the kernel only copies it into the output
+    ("    s = x + y\n"
+     "    out = torch.empty_like(s)\n"
+     "    _copy[(triton.cdiv(s.numel(), 64),)](s, out, s.numel(), BLOCK=64)\n"
+     "    return out\n", False),
+])
+def test_clocked_calls_follow_the_wrappers_copies_but_not_a_result_computed_another_way(tmp_path, body, passes):
+    import torch
+
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+    from infracourse.guard import LabCheckFailed
+
+    worker = _worker_with(tmp_path, "import torch\n" + ADD_KERNEL + "\n\ndef add(x, y):\n" + body)
+
+    def check(out, args):
+        torch.testing.assert_close(out, args[0] + args[1])
+
+    record_only = dict(check=check, label="add", calls=3, require_kernel=True)
+    try:
+        spec = tensors([[8, 16], [8, 16]], device="cpu", seed=2)
+        if passes:
+            perf.timed(worker.module("mod").add, spec, **record_only)
+        else:
+            with pytest.raises(LabCheckFailed, match="did not pass its inputs"):
+                perf.timed(worker.module("mod").add, spec, **record_only)
+    finally:
+        worker.close()

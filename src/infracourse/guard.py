@@ -101,6 +101,8 @@ class CallRecord:
     inputs_modified: list[int] = field(default_factory=list)
     kernel_buffers: set = field(default_factory=set)  # storages (data_ptr) passed to launched kernels
     derived: dict = field(default_factory=dict)       # storage -> input positions it holds (views, copies)
+    kernel_tensors: list = field(default_factory=list)  # the tensors passed to launched kernels (launch record)
+    follow_copies: bool = False  # keep kernel_tensors, for derive_by_value after an unwatched call
     inputs_read: list[int] = field(default_factory=list)   # input positions a kernel was given (data flow)
     output_written: bool | None = None                      # a kernel was given the output's storage
 
@@ -202,10 +204,13 @@ def _install_triton_hooks() -> None:
             if not records:  # nothing watched (a timed call): no bookkeeping at all
                 return _original(self, *args, **kwargs)
             if _kind == "kernel" and not kwargs.get("warmup", False):
-                buffers = _tensor_storages(list(args) + list(kwargs.values()))
+                values = list(args) + list(kwargs.values())
+                buffers = _tensor_storages(values)
                 for record in records:
                     record.kernels.append(getattr(self, "__name__", type(self).__name__))
                     record.kernel_buffers.update(buffers)
+                    if record.follow_copies:
+                        record.kernel_tensors.extend(v for v in values if _is_tensor(v))
             stack = _state.__dict__.setdefault("stack", [])
             stack.append(_kind)
             try:
@@ -261,6 +266,40 @@ def _stop_profiler(profiler) -> list[str]:
         if namespace != "profiler":
             ops.append(op if namespace == "aten" else event.name)
     return ops
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def derive_by_value(record: CallRecord, inputs: list) -> None:
+    """Fill `record.derived` for a call watched by launches only (no dispatch record of its copies): an input's
+    own storage, and any tensor a kernel was given that holds an input's values — the wrapper's .contiguous(),
+    .float() or transposed copy. A result computed another way holds no input's values and derives from none."""
+    import torch
+
+    record.derived = {ptr: {i} for i, a in enumerate(inputs) for ptr in _tensor_storages([a])}
+    for t in record.kernel_tensors:
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is None or ptr in record.derived:
+            continue
+        for i, a in enumerate(inputs):
+            if isinstance(a, torch.Tensor) and a.numel() == t.numel() and a.device == t.device \
+                    and _holds_values(t, a):
+                record.derived.setdefault(ptr, set()).add(i)
+
+
+def _holds_values(copy, source) -> bool:
+    """`copy` holds `source`'s values: same shape, transposed, or flattened; in source's dtype after a cast."""
+    import torch
+
+    with torch.no_grad():
+        cast = copy.detach().to(source.dtype)
+        candidates = [source] + ([source.mT] if source.dim() >= 2 else [])
+        return any(cast.shape == c.shape and torch.equal(cast, c) for c in candidates) or \
+            torch.equal(cast.reshape(-1), source.detach().reshape(-1))
 
 
 def _tensor_storages(values: list) -> set:
@@ -320,7 +359,7 @@ def watch_call(poison: bool = True, inputs: tuple = ()):
 def record_launches():
     """Only the Triton launches (kernel names and the storages passed to them) made inside the block: cheap
     enough for timed calls, where a dispatch mode or profiler would change the time."""
-    record = CallRecord()
+    record = CallRecord(follow_copies=True)
     _install_triton_hooks()
     _state.records = getattr(_state, "records", []) + [record]
     try:

@@ -260,12 +260,12 @@ class Worker:
 
     def time_outputs(self, header: dict) -> tuple[dict, dict]:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
-        from infracourse.guard import _tensor_storages as _storages
+        from infracourse.guard import derive_by_value
 
         batch, self.batch = self.batch, {}
         broken = 0
         for rec, args, out in zip(batch["launches"], batch["args"], batch["outputs"]):
-            rec.derived = {ptr: {i} for i, a in enumerate(args) for ptr in _storages([a])}
+            derive_by_value(rec, list(args))  # copies the wrapper made count as the inputs they hold
             rec.trace_data_flow(list(args), out)
             broken += _flow_broken(rec, args)
         return {"value": [batch["outputs"][i] for i in header["indices"]],
