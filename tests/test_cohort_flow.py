@@ -33,13 +33,26 @@ def test_submit_import_regrade_export_publish(tmp_path, monkeypatch, machine):
     learner_course = release(REPO, tmp_path / "learner-course").out
     monkeypatch.setenv("INFRACOURSE_COURSE", str(learner_course))  # learners work from the release
 
+    # the instructor's roster, and a secret for each learner to sign their bundles with
+    instructor = tmp_path / "instructor"
+    instructor.mkdir()
+    monkeypatch.chdir(instructor)
+    assert invoke("cohort", "init").exit_code == 0
+    (instructor / "roster.csv").write_text("id,name,email\nalice@uni.example,Alice,alice@uni.example\n"
+                                           "bob,Bob,bob@uni.example\n")
+    assert invoke("cohort", "roster", "import", "roster.csv").exit_code == 0
+    issued = invoke("cohort", "roster", "secrets", "--out", "secrets")
+    assert issued.exit_code == 0, issued.output
+    secret = {who: next((instructor / "secrets").glob(f"{who}*.secret")) for who in ("alice@uni.example", "bob")}
+
     alice = tmp_path / "alice"
     assert invoke("init", alice).exit_code == 0 and invoke("unlock", "week07", ws=alice).exit_code == 0
     for name, data in solution.items():
         (alice / "week07" / name).write_bytes(data)
     assert invoke("report", "7", ws=alice).exit_code == 0
     assert invoke("grade", "7", ws=alice).exit_code == 0
-    submitted = invoke("submit", "7", "--learner", "alice@uni.example", ws=alice)
+    submitted = invoke("submit", "7", "--learner", "alice@uni.example", "--secret-file", secret["alice@uni.example"],
+                       ws=alice)
     assert submitted.exit_code == 0, submitted.output
     alice_zip = Path(submitted.output.strip())
     assert alice_zip.parent == alice / "submissions" and alice_zip.is_file()
@@ -53,14 +66,11 @@ def test_submit_import_regrade_export_publish(tmp_path, monkeypatch, machine):
     forged = synthetic.result_for(Course(learner_course).lab("week07"), machine, None, solved=True, share=0,
                                   started_at="2026-02-01T10:00:00")
     Workspace(bob).progress.record(forged)  # bob claims every check passed
-    bob_zip = Path(invoke("submit", "week07", ws=bob).output.strip())
+    bob_zip = Path(invoke("submit", "week07", "--secret-file", secret["bob"], ws=bob).output.strip())
 
     monkeypatch.setenv("INFRACOURSE_COURSE", str(REPO))  # the instructor's own course, solutions and all
-    (tmp_path / "instructor").mkdir()
-    monkeypatch.chdir(tmp_path / "instructor")
-    assert invoke("cohort", "init").exit_code == 0
     imported = invoke("cohort", "import", alice_zip, bob_zip)
-    assert imported.exit_code == 0 and "imported 2 bundle(s)" in imported.output
+    assert imported.exit_code == 0 and "imported 2 bundle(s)" in imported.output, imported.output
     again = invoke("cohort", "import", shutil.copy(alice_zip, tmp_path / "resent.zip"))
     assert again.exit_code == 1 and "already imported" in again.output and "gradebook is as it was" in again.output
 

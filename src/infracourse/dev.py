@@ -18,6 +18,7 @@ from infracourse.syllabus import CourseFileError
 
 STRAY = re.compile(r"(__pycache__|\.pyc$|\.DS_Store$|~$|\.swp$|\.ipynb_checkpoints|\.backup-|\.grade)")
 CHECK_MARK = re.compile(r"""mark\.check\(\s*["']([a-z0-9-]+)["']""")
+REPORT_IMPORT = re.compile(r"^from infracourse\.grading\.report_check import test_report\b", re.M)
 
 
 def _names(folder: Path) -> set[str]:
@@ -36,6 +37,8 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
     if not lab.starter.is_dir() or not lab.solution.is_dir():
         return problems + [f"{where}: needs both starter/ and solution/"]
     starter, solution = _names(lab.starter), _names(lab.solution)
+    # what the learner's own scripts write (week 6's traces/) ships with the solution and cannot be a starter file
+    solution = {n for n in solution if not any(n == g or (g.endswith("/") and n.startswith(g)) for g in spec.generated)}
     if starter != solution:
         problems.append(f"{where}: starter/ and solution/ differ in file names: only in starter "
                         f"{sorted(starter - solution)}, only in solution {sorted(solution - starter)}")
@@ -44,7 +47,10 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
         problems.append(f"{where}/lab.yaml: files {missing} are not in starter/")
     marked = set()
     for test in lab.graders.glob("test_*.py"):
-        marked |= set(CHECK_MARK.findall(test.read_text()))
+        text = test.read_text()
+        marked |= set(CHECK_MARK.findall(text))
+        if REPORT_IMPORT.search(text):
+            marked.add("report")  # the one report checker, collected from the lab's graders
     ids = {c.id for c in spec.checks}
     if ids - marked:
         problems.append(f"{lab.graders}: no grader test for checks {sorted(ids - marked)}")

@@ -189,6 +189,8 @@ class Lab(_Strict):
     title: str
     files: list[str] = Field(min_length=1, description="Files the learner edits; starter/ and solution/ hold each.")
     read: list[str] = Field(default_factory=lambda: ["README.md"], description="What to read first.")
+    generated: list[str] = Field(default_factory=list, description="What the learner's own scripts write (a "
+                                 "file, or a folder ending in /): the solution ships it, the starter cannot.")
     hints: list[str] = Field(min_length=1, description="Progressive hints, gentlest first.")
     checks: list[Check] = Field(min_length=1)
     report: Report | None = Field(default=None, description="The report, if the lab asks for one: its file alone "
