@@ -22,9 +22,10 @@ FIX = ("Write the bytes to a temporary file in the checkpoint's own folder, flus
        "os.replace it onto the checkpoint: a rename swaps the name to a complete file in one step.")
 
 
-def _save(learner, folder, checkpoint, step: int, observed) -> None:
-    proc = launch(["save", str(learner.root), str(checkpoint), str(step), str(observed)], snapshot=learner.root,
-                  scratch=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _drive(learner, folder, command: str, *args) -> tuple[int, str]:
+    """Run kit.resume_driver's `command` on the learner's snapshot (sandboxed); (exit code, stderr)."""
+    proc = launch([command, str(learner.root), *map(str, args)], snapshot=learner.root, scratch=folder,
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -32,8 +33,13 @@ def _save(learner, folder, checkpoint, step: int, observed) -> None:
         raise LabCheckFailed("save_checkpoint did not return within 120 s") from None
     if proc.returncode == NOT_WRITTEN:
         raise LearnerRaised("NotImplementedError", stderr.strip().splitlines()[-1][:2000])
-    if proc.returncode != 0:
-        raise LabCheckFailed(f"save_checkpoint crashed (exit code {proc.returncode}):\n{stderr[-1000:]}")
+    return proc.returncode, stderr
+
+
+def _save(learner, folder, checkpoint, step: int, observed) -> None:
+    returncode, stderr = _drive(learner, folder, "save", checkpoint, step, observed)
+    if returncode != 0:
+        raise LabCheckFailed(f"save_checkpoint crashed (exit code {returncode}):\n{stderr[-1000:]}")
 
 
 def require_replaced_whole(learner) -> None:
@@ -76,19 +82,11 @@ def test_kill_while_saving(learner):
     folder = learner.worker.scratch / "checkpoint-atomic"
     folder.mkdir()
     checkpoint, marker = folder / "checkpoint.pt", folder / "opened-in-place"
-    proc = launch(["kill-while-saving", str(learner.root), str(checkpoint), str(marker)], snapshot=learner.root,
-                  scratch=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise LabCheckFailed("save_checkpoint did not return within 120 s") from None
-    if proc.returncode == NOT_WRITTEN:
-        raise LearnerRaised("NotImplementedError", stderr.strip().splitlines()[-1][:2000])
-    if proc.returncode not in KILLED:
+    returncode, stderr = _drive(learner, folder, "kill-while-saving", checkpoint, marker)
+    if returncode not in KILLED:
         raise LabCheckFailed(
             "save_checkpoint(state, path) was given a state holding an object that kills the process when it is "
-            f"serialised, but the process ended with code {proc.returncode} instead of being killed: it must "
+            f"serialised, but the process ended with code {returncode} instead of being killed: it must "
             f"serialise the whole state it is given.\n{stderr[-1000:]}")
     train = learner.module("train")
     try:
