@@ -90,12 +90,12 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
 
     worker = fn._worker
     generate = build(make_args)
-    prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id,
-                             calls=max(2, min(batch_calls, BATCH_CALLS)))
+    asked = max(2, min(batch_calls, BATCH_CALLS))
+    prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id, calls=asked)
     prepared = prepare.value
     stats = _numbers(prepared, ("median_s", "p10_s", "p90_s", "calls", "host_s"), label)
     calls = int(stats["calls"])
-    if not 2 <= calls <= max(2, min(batch_calls, BATCH_CALLS)):
+    if not 2 <= calls <= asked:
         raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
     rtt = min(_round_trip(worker) for _ in range(5))
     # the clocked calls are enqueued while the device waits (as bench.measure does in one process): a call the
