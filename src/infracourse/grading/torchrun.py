@@ -1,0 +1,171 @@
+"""Judge side of the distributed labs: the learner's code runs under torchrun, confined like the worker.
+
+torchrun is the real launcher (the same learner code runs multi-node); the whole world runs inside one sandbox,
+whose private network namespace has only a loopback, so every rank rendezvouses on 127.0.0.1. Each rank runs
+`infracourse.kit.rank_driver`, which imports the learner's module, calls one function and saves what it
+returned (tensors, numbers, lists, dicts) to the scratch folder. The judge loads those files with
+`weights_only=True` (no learner object is ever unpickled here) and treats them as evidence: graders compare
+them with their own single-process references, never take a verdict from them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infracourse import sandbox
+
+RANK_FILE = "rank{rank}.pt"
+
+
+@dataclass
+class RanksRun:
+    """What one torchrun launch left behind."""
+    returncode: int
+    outputs: list[Any]          # per rank: what the learner's function returned, None where the rank left nothing
+    errors: list[str | None]    # per rank: the learner's traceback tail where the function raised
+    probes: list[Any]           # per rank: what the course's probe recorded in that rank (evidence), or None
+    log: str                    # torchrun's and the ranks' output, last 8000 characters
+    wall_s: float               # the judge's own clock around the whole launch, start-up included
+    timed_out: bool = False
+    scratch: Path | None = field(default=None, repr=False)
+
+    def failure(self) -> str | None:
+        """A message naming what went wrong, or None when every rank returned."""
+        if self.timed_out:
+            return f"the run did not finish within its time limit; last output:\n{self.log[-1500:]}"
+        for rank, error in enumerate(self.errors):
+            if error:
+                return f"rank {rank} raised:\n{error}"
+        missing = [r for r, out in enumerate(self.outputs) if out is None]
+        if self.returncode != 0 or missing:
+            return (f"torchrun exited with {self.returncode}; ranks {missing or 'all'} returned nothing; last "
+                    f"output:\n{self.log[-1500:]}")
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment(scratch: Path, device: str, world_size: int) -> dict[str, str]:
+    from infracourse.grading.remote import _ENV_KEEP, _engine_path
+
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=_engine_path(),
+               GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", NCCL_NVLS_ENABLE="0",
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), INFRACOURSE_DEVICE=device)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def start_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,
+                device: str = "cpu", probe: str = "", scratch: Path, max_restarts: int = 0,
+                extra_env: dict[str, str] | None = None, stdout=None) -> subprocess.Popen:
+    """Start `world_size` ranks calling `module.function(**kwargs)` from the learner's folder; returns the
+    torchrun process (its whole tree dies with the sandbox). `probe` names a course module whose `install()`
+    runs in each rank before the learner's import (counting collectives, say) and whose `report()` is saved."""
+    out = scratch / "ranks"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    args_file = scratch / "args.pt"
+    torch.save(kwargs or {}, args_file)
+    confined = sandbox.status().available
+    port = 29500 if confined else _free_port()  # inside the sandbox the loopback is the world's own
+    command = [sys.executable, "-s", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+               str(world_size), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr",
+               "127.0.0.1", "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
+               "-m", "infracourse.kit.rank_driver", str(Path(learner_dir).resolve()), module, function,
+               str(args_file), str(out), probe]
+    env = _environment(scratch, device, world_size)
+    env.update(extra_env or {})
+    if confined:
+        command = sandbox.wrap(command, snapshot=Path(learner_dir).resolve(), scratch=scratch, gpu=device == "cuda")
+    return subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True, stdout=stdout or subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s: float,
+            started: float | None = None) -> RanksRun:
+    """Wait for a launch (killing its whole tree past `timeout_s`) and load what each rank saved."""
+    started = started or time.perf_counter()
+    timed_out = False
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc)
+        log, _ = proc.communicate()
+    wall = time.perf_counter() - started
+    outputs, errors, probes = [], [], []
+    for rank in range(world_size):
+        saved = _load(scratch / "ranks" / RANK_FILE.format(rank=rank))
+        outputs.append(saved.get("result") if saved and "result" in saved else None)
+        errors.append(saved.get("error") if saved else None)
+        probes.append(saved.get("probe") if saved else None)
+    return RanksRun(proc.returncode if proc.returncode is not None else -9, outputs, errors, probes,
+                    (log or "")[-8000:], wall, timed_out, scratch)
+
+
+def run_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,
+              device: str = "cpu", probe: str = "", timeout_s: float = 60.0, scratch: Path | None = None,
+              max_restarts: int = 0, extra_env: dict[str, str] | None = None) -> RanksRun:
+    """Launch, wait, load: the common case of start_ranks + collect."""
+    scratch = Path(scratch or tempfile.mkdtemp(prefix="infracourse-ranks-"))
+    started = time.perf_counter()
+    proc = start_ranks(module, function, learner_dir=learner_dir, world_size=world_size, kwargs=kwargs,
+                       device=device, probe=probe, scratch=scratch, max_restarts=max_restarts, extra_env=extra_env)
+    return collect(proc, scratch=scratch, world_size=world_size, timeout_s=timeout_s, started=started)
+
+
+def rank_processes(proc: subprocess.Popen) -> dict[int, int]:
+    """Host pids of the live ranks of a launch, by rank (read from each process's environment), for a grader
+    that kills one on purpose."""
+    import psutil
+
+    found: dict[int, int] = {}
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            if "infracourse.kit.rank_driver" not in " ".join(child.cmdline()):
+                continue
+            rank = child.environ().get("RANK")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if rank is not None and rank.isdigit():
+            found[int(rank)] = child.pid
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _load(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        loaded = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # a rank file the learner's code tampered with is not evidence
+        return {"error": f"its output file could not be read safely ({type(exc).__name__}: {exc})"}
+    return loaded if isinstance(loaded, dict) else {"error": "its output file is not a rank record"}

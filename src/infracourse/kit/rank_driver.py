@@ -1,0 +1,71 @@
+"""One rank of a distributed lab, started by torchrun inside the sandbox (judge side: grading.torchrun).
+
+It joins the process group (gloo on CPU, NCCL on GPUs), lets the course's probe install itself, imports the
+learner's module from the snapshot, calls the named function with the judge's arguments and saves what it
+returned as this rank's record. A learner exception is saved as its traceback's tail, so the grader's message
+shows where the learner's code failed rather than torchrun's summary.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _save(out: Path, rank: int, record: dict) -> None:
+    import torch
+
+    tmp = out / f".rank{rank}.tmp"
+    torch.save(record, tmp)
+    os.replace(tmp, out / f"rank{rank}.pt")
+
+
+def main(argv: list[str]) -> int:
+    learner_dir, module, function, args_file, out, probe_name = argv
+    import torch
+    import torch.distributed as dist
+
+    out = Path(out)
+    rank = int(os.environ["RANK"])
+    device = os.environ.get("INFRACOURSE_DEVICE", "cpu")
+    if device == "cuda":
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+    probe = importlib.import_module(probe_name) if probe_name else None
+    if probe is not None:
+        probe.install()
+    kwargs = torch.load(args_file, weights_only=True)
+    record: dict = {}
+    try:
+        sys.path.insert(0, learner_dir)
+        fn = getattr(importlib.import_module(module), function)
+        started = time.perf_counter()
+        record["result"] = fn(**kwargs)
+        record["seconds"] = time.perf_counter() - started
+    except BaseException as exc:  # the learner's failure, reported as theirs
+        tail = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        record = {"error": "".join(tail)[-3000:]}
+    if probe is not None:
+        record["probe"] = probe.report()
+    try:
+        _save(out, rank, record)
+    except Exception as exc:  # a result torch cannot save (a learner object): say so instead of a crash
+        _save(out, rank, {"error": f"the function returned something that is not tensors, numbers, lists or "
+                                   f"dicts ({type(exc).__name__}: {exc})"})
+    if "error" in record:
+        os._exit(1)  # skip the process group's shutdown: the other ranks may be waiting in a collective
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
