@@ -203,7 +203,16 @@ def classify(call, report) -> tuple[str, str, bool]:
     fatal = any(m in text for m in FATAL_MARKERS)
     if type(exc).__name__ == "OutOfMemoryError":
         text = f"ran out of device memory: {exc}"
-    return "error", f"raised {text.strip()[:600]}", fatal
+    return "error", f"raised {_clip(text.strip(), 1500)}", fatal
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` characters, keeping the head (what raised) and the tail (a crashed child's traceback
+    ends with its cause)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    return f"{text[:head]}\n[... {len(text) - limit} characters left out ...]\n{text[-(limit - head):]}"
 
 
 def _short(call) -> str:
