@@ -1,0 +1,319 @@
+"""Week 11: the learner's ring collectives, run under torchrun on CPU (gloo) with 3 ranks and with 2.
+
+One launch per world size runs every case (kit.collectives.grade_rank in each rank, around the learner's
+functions) and, with 2 ranks, re-measures ring_all_reduce. The judge rebuilds every rank's input from the seed
+(kit.collectives.case_inputs) and computes the exact result itself; what the ranks return is compared with it.
+The probe's counts (kit.dist_probes: calls, bytes, peers per case) are evidence that names an honest mistake.
+"""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from infracourse.grading.torchrun import run_ranks
+from infracourse.guard import LabCheckFailed
+from infracourse.kit import collectives as kit
+from infracourse.kit.dist_probes import collectives_called, messages_sent
+
+MIB = kit.MIB
+TIMED = [4 * kit.KIB, 64 * kit.KIB, 1 * MIB, 2 * MIB, 4 * MIB]  # the grader's re-measure (2 ranks, fp32)
+BANDWIDTH_BOUND = [1 * MIB, 2 * MIB, 4 * MIB]                  # compared with sweep.csv
+SWEEP = [2 ** k for k in range(10, 23)]                        # 1 KiB .. 4 MiB: what sweep.csv must hold
+SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 5, 3.0
+FUNCTIONS = {"reduce_scatter": "ring_reduce_scatter", "all_gather": "ring_all_gather",
+             "all_reduce": "ring_all_reduce", "broadcast": "broadcast"}
+
+
+def cases_for(world: int, seed: int) -> list[dict]:
+    """Sizes 0, 1, 2, small ones not divisible by the world, a seeded one, fp32 and bf16."""
+    odd = 1000 + world * (seed % 50) + 1 + seed % (world - 1)  # never divisible by the world
+    sizes = [0, 1, 2, 7, odd] if world == 3 else [0, 1, 7, odd]
+    cases = []
+    for op in ("reduce_scatter", "all_reduce"):
+        cases += [{"op": op, "n": n, "dtype": "float32"} for n in sizes]
+        cases += [{"op": op, "n": n, "dtype": "bfloat16"} for n in (7, odd)]
+    gathers = ([[0, 0, 0], [1, 0, 0], [3, 2, 2], [0, 5, 1], [400, 333, 0]] if world == 3
+               else [[0, 0], [1, 0], [3, 4], [0, 333]])
+    cases += [{"op": "all_gather", "sizes": s, "dtype": "float32"} for s in gathers]
+    cases += [{"op": "all_gather", "sizes": gathers[-1], "dtype": "bfloat16"}]
+    sources = range(world)
+    cases += [{"op": "broadcast", "n": n, "src": src, "dtype": "float32"} for src in sources for n in (0, 7, odd)]
+    cases += [{"op": "broadcast", "n": odd, "src": world - 1, "dtype": "bfloat16"}]
+    return cases
+
+
+class Launch:
+    """One torchrun launch of grade_rank and what the judge knows about it."""
+
+    def __init__(self, learner_dir, world: int, seed: int, scratch, timed: list[int]):
+        self.world, self.seed = world, seed
+        self.cases = cases_for(world, seed)
+        self.run = run_ranks("infracourse.kit.collectives", "grade_rank", learner_dir=learner_dir,
+                             world_size=world, kwargs={"seed": seed, "cases": self.cases, "timed_sizes": timed},
+                             probe="infracourse.kit.dist_probes", timeout_s=120, scratch=scratch)
+
+    def where(self, index: int, rank: int | None = None) -> str:
+        case = self.cases[index]
+        what = (f"chunk sizes {case['sizes']}" if case["op"] == "all_gather" else f"n={case['n']}")
+        src = f", src={case['src']}" if case["op"] == "broadcast" else ""
+        who = f", rank {rank}" if rank is not None else ""
+        return f"({what}{src}, {case['dtype']}, {self.world} ranks{who}, seed {self.seed})"
+
+    def require_ran(self) -> None:
+        if (failure := self.run.failure()) is not None:
+            raise LabCheckFailed(f"the {self.world}-rank launch of your collectives.py failed, so no case could be "
+                                 f"checked (seed {self.seed}): {failure}")
+
+    def results(self, op: str):
+        """(index, case, per-rank results) of every case of `op`; fails naming the first case that raised."""
+        self.require_ran()
+        name = FUNCTIONS[op]
+        for index, case in enumerate(self.cases):
+            if case["op"] != op:
+                continue
+            per_rank = [out["cases"][index] for out in self.run.outputs]
+            for rank, result in enumerate(per_rank):
+                if "skipped" in result:
+                    continue
+                if result.get("not_written"):
+                    raise LabCheckFailed(f"{name} is not written yet: it raised NotImplementedError "
+                                         f"{self.where(index, rank)}")
+                if "error" in result:
+                    raise LabCheckFailed(f"{name} raised {self.where(index, rank)}:\n{result['error']}")
+                out = result["output"]
+                if not isinstance(out, torch.Tensor):
+                    raise LabCheckFailed(f"{name} returned {result['returned']} {self.where(index, rank)}: return "
+                                         "a tensor")
+                want = getattr(torch, case["dtype"])
+                if out.dtype != want or out.dim() != 1:
+                    raise LabCheckFailed(f"{name} returned a {out.dim()}-D {out.dtype} tensor "
+                                         f"{self.where(index, rank)}; expected a 1-D {want} tensor like its input")
+            yield index, case, [r["output"] for r in per_rank]
+
+    def probe(self, rank: int, index: int) -> dict:
+        return (self.run.probes[rank] or {}).get(f"case {index}", {"calls": {}, "bytes": {}, "peers": {}})
+
+
+@pytest.fixture(scope="module")
+def launches(learner, seed, tmp_path_factory):
+    three = Launch(learner.root, 3, seed, tmp_path_factory.mktemp("world3"), [])
+    two = Launch(learner.root, 2, seed, tmp_path_factory.mktemp("world2"), TIMED)
+    return three, two
+
+
+def _within_bound(got: torch.Tensor, inputs: list, dtype: str) -> str | None:
+    exact, bound = kit.reference_sum(inputs), kit.sum_bound(inputs, dtype)
+    if got.numel() != exact.numel():
+        return f"{got.numel()} elements, expected {exact.numel()}"
+    error = (got.double() - exact).abs()
+    bad = (error > bound) | ~torch.isfinite(got.double())
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        return (f"{int(bad.sum())} of {got.numel()} elements off; element {i} is {got[i].item():.6g}, the exact "
+                f"sum is {exact[i].item():.6g} (allowed {bound[i].item():.2g}: one rounding per addition in "
+                f"{dtype})")
+    return None
+
+
+@pytest.mark.check("reduce-scatter")
+def test_reduce_scatter(launches):
+    for launch in launches:
+        for index, case, outs in launch.results("reduce_scatter"):
+            inputs = kit.case_inputs(launch.seed, index, case, launch.world)
+            got = torch.cat(outs)
+            if (problem := _within_bound(got, inputs, case["dtype"])) is not None:
+                raise LabCheckFailed(
+                    f"ring_reduce_scatter: the ranks' blocks, concatenated in rank order (lengths "
+                    f"{[o.numel() for o in outs]}), are not the sum of the inputs {launch.where(index)}: {problem}. "
+                    "Rank r must return block r of the sum; the blocks must cover the tensor contiguously, in rank "
+                    "order, including the last n % world elements and empty blocks when n < world")
+
+
+@pytest.mark.check("all-gather")
+def test_all_gather(launches):
+    for launch in launches:
+        for index, case, outs in launch.results("all_gather"):
+            expected = torch.cat(kit.case_inputs(launch.seed, index, case, launch.world))
+            for rank, out in enumerate(outs):
+                if out.numel() != expected.numel() or not torch.equal(out, expected):
+                    where = "length" if out.numel() != expected.numel() else \
+                        f"first wrong element {int((out != expected).nonzero()[0])}"
+                    raise LabCheckFailed(
+                        f"ring_all_gather returned {out.numel()} elements, not every rank's chunk in rank order "
+                        f"({expected.numel()} elements, {where}) {launch.where(index, rank)}. Gathering copies: "
+                        "the result must equal the concatenation bit for bit; chunk r goes at offset "
+                        "sum(sizes[:r]), and empty chunks are still blocks of the ring")
+
+
+@pytest.mark.check("all-reduce")
+def test_all_reduce(launches):
+    for launch in launches:
+        for index, case, outs in launch.results("all_reduce"):
+            inputs = kit.case_inputs(launch.seed, index, case, launch.world)
+            for rank, out in enumerate(outs):
+                if (problem := _within_bound(out, inputs, case["dtype"])) is not None:
+                    raise LabCheckFailed(f"ring_all_reduce's result is not the sum {launch.where(index, rank)}: "
+                                         f"{problem}. Check the block offsets for sizes not divisible by the world")
+            for rank, out in enumerate(outs[1:], start=1):
+                if not torch.equal(out, outs[0]):
+                    raise LabCheckFailed(
+                        f"ring_all_reduce gives rank {rank} a different result from rank 0 {launch.where(index)}: "
+                        "after reduce-scatter each block is summed once, by one rank, and all-gather copies it, so "
+                        "every rank must hold the same bits")
+
+
+@pytest.mark.check("broadcast")
+def test_broadcast(launches):
+    for launch in launches:
+        for index, case, outs in launch.results("broadcast"):
+            expected = kit.case_inputs(launch.seed, index, case, launch.world)[case["src"]]
+            for rank, out in enumerate(outs):
+                if not torch.equal(out, expected):
+                    raise LabCheckFailed(f"broadcast: rank {rank} does not hold rank {case['src']}'s tensor "
+                                         f"{launch.where(index, rank)}. Every rank returns the source's values")
+
+
+@pytest.mark.check("point-to-point-only")
+def test_point_to_point_only(launches):
+    for launch in launches:
+        launch.require_ran()
+        for index, case in enumerate(launch.cases):
+            name = FUNCTIONS[case["op"]]
+            for rank in range(launch.world):
+                record = launch.probe(rank, index)
+                if called := collectives_called(record):
+                    raise LabCheckFailed(
+                        f"{name} called {called} {launch.where(index, rank)}: this week's collectives are built "
+                        "from dist.send/dist.recv (or isend/irecv) only; the grader counts the calls")
+                if case["op"] == "broadcast" or launch.world < 3:
+                    continue
+                ring = {(rank + 1) % launch.world, (rank - 1) % launch.world}
+                for direction, peers in record.get("peers", {}).items():
+                    if len(peers) > 1 or not set(peers) <= ring:
+                        raise LabCheckFailed(
+                            f"{name}: rank {rank} {direction} ranks {sorted(peers)} {launch.where(index)}; in a "
+                            f"ring each rank sends to one neighbour and receives from the other (here "
+                            f"{sorted(ring)}): all data moves around the ring, one hop per step")
+
+
+@pytest.mark.check("all-reduce-is-rs-ag")
+def test_all_reduce_is_rs_ag(launches, record):
+    for launch in launches:
+        launch.require_ran()
+        for index, case, _ in launch.results("all_reduce"):
+            for rank in range(launch.world):
+                order = launch.run.outputs[rank]["cases"][index].get("order", [])
+                if order != ["ring_reduce_scatter", "ring_all_gather"]:
+                    raise LabCheckFailed(
+                        f"ring_all_reduce called {order or 'neither of'} ring_reduce_scatter / ring_all_gather "
+                        f"{launch.where(index, rank)}; it must call ring_reduce_scatter(x) once, then "
+                        "ring_all_gather(block, sizes) once, by those names: all-reduce = reduce-scatter + "
+                        "all-gather")
+            n = case["n"]
+            if n < 100:
+                continue
+            element = 2 if case["dtype"] == "bfloat16" else 4
+            ideal = kit.ring_bytes_sent("all_reduce", launch.world, n * element)
+            slack = 2 * (launch.world - 1) ** 2 * element  # blocks of unequal sizes
+            for rank in range(launch.world):
+                probe = launch.probe(rank, index)
+                sent, messages = probe["bytes"].get("sent", 0), messages_sent(probe)
+                record(f"bytes sent per rank, {launch.world} ranks, n={n} {case['dtype']}", sent,
+                       target=ideal, unit="B")
+                if sent > ideal + slack or messages < 2 * (launch.world - 1):
+                    raise LabCheckFailed(
+                        f"ring_all_reduce: rank {rank} sent {sent} bytes in {messages} messages "
+                        f"{launch.where(index)}; a ring all-reduce sends 2(N-1)/N of the {n * element}-byte tensor "
+                        f"per rank ({ideal:.0f} bytes) in 2(N-1) = {2 * (launch.world - 1)} steps. Send only the "
+                        "block each step needs, never the whole tensor")
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+def _sweep(learner):
+    path = learner.path("sweep.csv")
+    if not path.exists():
+        raise LabCheckFailed("sweep.csv is missing: run `torchrun --nproc-per-node 2 sweep.py` in your lab folder "
+                             "(CPU, gloo) and submit the CSV it writes")
+    try:
+        rows = kit.read_sweep(path)
+    except ValueError as exc:
+        raise LabCheckFailed(f"sweep.csv: {exc}") from None
+    return rows
+
+
+@pytest.mark.check("sweep-csv")
+def test_sweep_csv(learner, record):
+    rows = _sweep(learner)
+    worlds = sorted({r["world_size"] for r in rows})
+    if worlds != [SWEEP_WORLD]:
+        raise LabCheckFailed(f"sweep.csv has world_size {worlds}; the graded sweep runs on {SWEEP_WORLD} CPU ranks "
+                             f"(torchrun --nproc-per-node {SWEEP_WORLD} sweep.py), which the grader re-measures")
+    by_size: dict[int, list[float]] = {}
+    for r in rows:
+        by_size.setdefault(r["bytes"], []).append(r["seconds"])
+    missing = [s for s in SWEEP if s not in by_size]
+    if missing:
+        raise LabCheckFailed(f"sweep.csv lacks the sizes {missing} bytes: time every power of two from 1 KiB "
+                             "(1024) to 4 MiB (4194304)")
+    few = {s: len(ts) for s, ts in by_size.items() if len(ts) < MIN_REPS}
+    if few:
+        raise LabCheckFailed(f"sweep.csv has fewer than {MIN_REPS} rows for sizes {few}: write every timed call "
+                             "(raw, one row per repetition), not a mean per size")
+    flat = [s for s in SWEEP if len(set(by_size[s])) == 1]
+    if len(flat) > 1:
+        raise LabCheckFailed(f"sweep.csv repeats one time for every repetition at sizes {flat}: a real clock around "
+                             "real calls never does. Write the time of each call")
+    record("sizes in sweep.csv", len(by_size))
+
+
+@pytest.fixture(scope="module")
+def remeasure(launches):
+    two = launches[1]
+    two.require_ran()
+    if not two.run.outputs[0]["timings"]:
+        raise LabCheckFailed("the grader could not time ring_all_reduce: it raised in the correctness cases; make "
+                             "the all-reduce check pass first")
+    return {int(s): statistics.median(ts) for s, ts in two.run.outputs[0]["timings"].items()}
+
+
+@pytest.mark.check("sweep-remeasured")
+def test_sweep_remeasured(learner, remeasure, record):
+    points = kit.medians([r["bytes"] for r in _sweep(learner)], [r["seconds"] for r in _sweep(learner)])
+    yours = sum(points[s] for s in BANDWIDTH_BOUND)
+    ours = sum(remeasure[s] for s in BANDWIDTH_BOUND)
+    for s in BANDWIDTH_BOUND:
+        record(f"all-reduce {s // MIB} MiB", points[s] * 1e3, target=remeasure[s] * 1e3, unit="ms", bytes=s)
+    ratio = max(yours / ours, ours / yours)
+    if ratio > REMEASURE_FACTOR:
+        detail = ", ".join(f"{s // MIB} MiB: yours {points[s] * 1e3:.2f} ms, grader {remeasure[s] * 1e3:.2f} ms"
+                           for s in BANDWIDTH_BOUND)
+        raise LabCheckFailed(
+            f"sweep.csv's median times at the bandwidth-bound sizes add up to {yours * 1e3:.2f} ms; the grader's "
+            f"own timing of your ring_all_reduce on {SWEEP_WORLD} CPU ranks adds up to {ours * 1e3:.2f} ms "
+            f"({detail}), {ratio:.1f}x apart (allowed {REMEASURE_FACTOR:g}x for load). Re-run sweep.py on this "
+            "machine with the collectives.py you submit, and submit the CSV it writes unchanged")
+
+
+@pytest.mark.check("cost-model")
+def test_cost_model(learner, remeasure, record):
+    rows = _sweep(learner)
+    sizes, seconds = [r["bytes"] for r in rows], [r["seconds"] for r in rows]
+    alpha, beta = kit.fit_alpha_beta(sizes, seconds)
+    points = kit.medians(sizes, seconds)
+    if alpha <= 0 or beta <= 0:
+        raise LabCheckFailed(
+            f"the alpha-beta fit of sweep.csv gives alpha = {alpha * 1e6:.3g} us, beta = {beta * 1e9:.3g} ns/B; "
+            "both must be positive (a fixed cost per call, a cost per byte). Re-run the sweep on a quieter machine "
+            "with more repetitions per size")
+    ours_alpha, ours_beta = kit.fit_alpha_beta(list(remeasure), list(remeasure.values()))
+    big = 4 * MIB
+    algbw = kit.algbw_gbps(big, points[big])
+    busbw = kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, points[big])
+    record("alpha", alpha * 1e6, target=ours_alpha * 1e6, unit="us")
+    record("beta", beta * 1e9, target=ours_beta * 1e9, unit="ns/B")
+    record("crossover", alpha / beta, target=ours_alpha / ours_beta if ours_beta > 0 else None, unit="B")
+    record("algbw 4 MiB", algbw, target=kit.algbw_gbps(big, remeasure[big]), unit="GB/s")
+    record("busbw 4 MiB", busbw, target=kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, remeasure[big]),
+           unit="GB/s")

@@ -1,0 +1,205 @@
+"""Week 11, collectives by hand: the course's references, the nccl-tests bandwidth factors, the alpha-beta cost
+model, and the code that runs in each rank around the learner's collectives (`grade_rank`).
+
+Judge side: `case_inputs` rebuilds from the seed the very tensors every rank was given, so the exact result of a
+collective is known in the judge (a float64 sum) without trusting anything a rank returns; `sum_bound` is how far
+a correct ring may drift from it (one rounding per addition in the tensor's own dtype); `busbw_factor`,
+`fit_alpha_beta` and `read_sweep` turn timings into the figures the learner reports.
+
+Rank side: `grade_rank` is started by grading.torchrun (module `infracourse.kit.collectives`) with the probe
+`infracourse.kit.dist_probes`; it imports the learner's `collectives.py`, calls each function on the judge's
+cases inside a probe scope, notes the order in which ring_all_reduce calls ring_reduce_scatter and
+ring_all_gather, times ring_all_reduce at a few sizes (a barrier, then this rank's clock around one call) and
+returns everything. All of it is evidence: the learner's code shares the process.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# nccl-tests (doc/PERFORMANCE.md): busbw = algbw * factor, algbw = bytes / time
+BUSBW_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+                 "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float64": 2.0 ** -53}
+SWEEP_COLUMNS = ("world_size", "bytes", "rep", "seconds")
+KIB, MIB = 1024, 1024 * 1024
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    return BUSBW_FACTORS[op](world_size)
+
+
+def algbw_gbps(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s (1e9 bytes/s): the tensor's size over the collective's time."""
+    return nbytes / seconds / 1e9
+
+
+def busbw_gbps(op: str, world_size: int, nbytes: float, seconds: float) -> float:
+    """Bus bandwidth in GB/s: algbw times the nccl-tests factor of the collective."""
+    return algbw_gbps(nbytes, seconds) * busbw_factor(op, world_size)
+
+
+def ring_bytes_sent(op: str, world_size: int, nbytes: int) -> float:
+    """What each rank sends in a bandwidth-optimal ring (the same factor as busbw: that is why it exists)."""
+    return busbw_factor(op, world_size) * nbytes
+
+
+def medians(sizes: list[int], seconds: list[float]) -> dict[int, float]:
+    """The median time of each size."""
+    by_size: dict[int, list[float]] = {}
+    for size, t in zip(sizes, seconds):
+        by_size.setdefault(int(size), []).append(float(t))
+    return {size: statistics.median(ts) for size, ts in sorted(by_size.items())}
+
+
+def fit_alpha_beta(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """(alpha seconds, beta seconds per byte) of t = alpha + beta * bytes, fitted to the median time of each size
+    by least squares on RELATIVE errors (each residual divided by that size's median), so the small sizes fix
+    alpha and the large ones beta across six decades of time. Closed form of the weighted least squares."""
+    points = medians(sizes, seconds)
+    if len(points) < 2:
+        raise ValueError("a fit needs at least two sizes")
+    xs, ys = list(points), list(points.values())
+    ws = [1.0 / (y * y) for y in ys]
+    sw = sum(ws)
+    sx = sum(w * x for w, x in zip(ws, xs))
+    sy = sum(w * y for w, y in zip(ws, ys))
+    sxx = sum(w * x * x for w, x in zip(ws, xs))
+    sxy = sum(w * x * y for w, x, y in zip(ws, xs, ys))
+    det = sw * sxx - sx * sx
+    beta = (sw * sxy - sx * sy) / det
+    alpha = (sy - beta * sx) / sw
+    return alpha, beta
+
+
+def read_sweep(path: Path) -> list[dict[str, Any]]:
+    """The rows of a sweep CSV as numbers; ValueError naming the first problem."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in SWEEP_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"columns {missing} are missing (the header must hold {', '.join(SWEEP_COLUMNS)})")
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                parsed = {"world_size": int(row["world_size"]), "bytes": int(row["bytes"]), "rep": int(row["rep"]),
+                          "seconds": float(row["seconds"])}
+            except (TypeError, ValueError):
+                raise ValueError(f"line {line} is not numbers: {dict(row)}") from None
+            if not (math.isfinite(parsed["seconds"]) and parsed["seconds"] > 0):
+                raise ValueError(f"line {line}: seconds = {row['seconds']} (a time must be a positive number)")
+            rows.append(parsed)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- the judge's inputs
+def case_inputs(seed: int, index: int, case: dict, world_size: int) -> list:
+    """Every rank's input of case `index`, as the rank builds it (same generator, same bits), on the CPU."""
+    import torch
+
+    dtype = getattr(torch, case["dtype"])
+    out = []
+    for rank in range(world_size):
+        n = case["sizes"][rank] if case["op"] == "all_gather" else case["n"]
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + index * 101 + rank) % 2**63)
+        out.append(torch.randn(n, generator=generator).to(dtype))
+    return out
+
+
+def reference_sum(inputs: list):
+    """The exact sum of the ranks' inputs, in float64."""
+    import torch
+
+    return torch.stack([x.double() for x in inputs]).sum(0) if inputs[0].numel() else inputs[0].double()
+
+
+def sum_bound(inputs: list, dtype_name: str):
+    """Elementwise bound on |ring result - exact sum|: each of the N-1 additions and the final rounding may round
+    once in the dtype, each by at most the unit roundoff times the sum of magnitudes."""
+    import torch
+
+    magnitude = torch.stack([x.double().abs() for x in inputs]).sum(0) if inputs[0].numel() else \
+        inputs[0].double()
+    return len(inputs) * 1.01 * UNIT_ROUNDOFF[dtype_name] * magnitude + 1e-30
+
+
+# ------------------------------------------------------------------------------------------------- in each rank
+def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int = 2, reps: int = 5,
+               module: str = "collectives") -> dict:
+    """Run the judge's cases on the learner's collectives in this rank; returns outputs, order and timings."""
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    from infracourse.kit import dist_probes
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    learner = importlib.import_module(module)
+    order: list[str] = []
+    for name in ("ring_reduce_scatter", "ring_all_gather"):
+        original = getattr(learner, name)
+
+        def noted(*args, _name=name, _fn=original, **kwargs):
+            order.append(_name)
+            return _fn(*args, **kwargs)
+
+        setattr(learner, name, noted)
+    results, failed = [], {}
+    for index, case in enumerate(cases):
+        x = case_inputs(seed, index, case, world)[rank].to(device)
+        mine = x.clone()
+        order.clear()
+        scope = f"case {index}"
+        if case["op"] in failed:  # that function already raised: the ranks would wait on each other
+            results.append({"skipped": failed[case["op"]], "scope": scope})
+            continue
+        dist.barrier()
+        try:
+            with dist_probes.scope(scope):
+                if case["op"] == "reduce_scatter":
+                    out = learner.ring_reduce_scatter(x)
+                elif case["op"] == "all_gather":
+                    out = learner.ring_all_gather(x, list(case["sizes"]))
+                elif case["op"] == "all_reduce":
+                    out = learner.ring_all_reduce(x)
+                else:
+                    out = learner.broadcast(x, case["src"])
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # the learner's: reported per case, the other functions still run
+            failed[case["op"]] = index
+            tail = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            results.append({"error": "".join(tail)[-2000:], "not_written": isinstance(exc, NotImplementedError),
+                            "scope": scope})
+            continue
+        results.append({"output": out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None,
+                        "returned": type(out).__name__, "order": list(order), "scope": scope,
+                        "input_changed": bool(case["op"] in ("reduce_scatter", "all_gather")
+                                              and not torch.equal(mine, x))})
+    if "all_reduce" in failed:
+        timed_sizes = []
+    timings = {}
+    for nbytes in timed_sizes:
+        x = torch.randn(nbytes // 4, device=device)
+        samples = []
+        for rep in range(warmup + reps):
+            y = x.clone()
+            dist.barrier()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            with dist_probes.scope(f"timed {nbytes}"):
+                learner.ring_all_reduce(y)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if rep >= warmup:
+                samples.append(time.perf_counter() - started)
+        timings[int(nbytes)] = samples
+    return {"rank": rank, "world_size": world, "cases": results, "timings": timings}
