@@ -47,12 +47,14 @@ def cases_for(world: int, seed: int) -> list[dict]:
 class Launch:
     """One torchrun launch of grade_rank and what the judge knows about it."""
 
-    def __init__(self, learner_dir, world: int, seed: int, scratch, timed: list[int]):
+    def __init__(self, learner_dir, world: int, seed: int, scratch, timed: list[int], device: str = "cpu",
+                 cases: list[dict] | None = None, timeout_s: float = 120):
         self.world, self.seed = world, seed
-        self.cases = cases_for(world, seed)
+        self.cases = cases if cases is not None else cases_for(world, seed)
         self.run = run_ranks("infracourse.kit.collectives", "grade_rank", learner_dir=learner_dir,
                              world_size=world, kwargs={"seed": seed, "cases": self.cases, "timed_sizes": timed},
-                             probe="infracourse.kit.dist_probes", timeout_s=120, scratch=scratch)
+                             device=device, probe="infracourse.kit.dist_probes", timeout_s=timeout_s,
+                             scratch=scratch)
 
     def where(self, index: int, rank: int | None = None) -> str:
         case = self.cases[index]
@@ -317,3 +319,64 @@ def test_cost_model(learner, remeasure, record):
     record("algbw 4 MiB", algbw, target=kit.algbw_gbps(big, remeasure[big]), unit="GB/s")
     record("busbw 4 MiB", busbw, target=kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, remeasure[big]),
            unit="GB/s")
+
+
+# ------------------------------------------------------------------------------------- two GPUs, NCCL (unverified
+# on the course's CPU machine: blocked there)
+GPU_TIMED = [64 * MIB, 256 * MIB]
+
+
+@pytest.mark.check("nccl-ring")
+def test_nccl_ring(learner, seed, tmp_path_factory, record):
+    big = 16 * 2 ** 20 + 1 + seed % 2  # 64 MiB of fp32, not divisible by 2
+    cases = [{"op": "all_reduce", "n": n, "dtype": "float32"} for n in (0, 1, 4099, big)]
+    cases += [{"op": "all_reduce", "n": 4099, "dtype": "bfloat16"},
+              {"op": "reduce_scatter", "n": 4099, "dtype": "float32"},
+              {"op": "all_gather", "sizes": [3, 0], "dtype": "float32"},
+              {"op": "broadcast", "n": 4099, "src": 1, "dtype": "float32"}]
+    launch = Launch(learner.root, 2, seed, tmp_path_factory.mktemp("nccl"), GPU_TIMED, device="cuda", cases=cases,
+                    timeout_s=540)
+    for op in ("all_reduce", "reduce_scatter"):
+        for index, case, outs in launch.results(op):
+            inputs = kit.case_inputs(seed, index, case, 2)
+            got = torch.cat(outs) if op == "reduce_scatter" else outs
+            for rank, out in enumerate([got] if op == "reduce_scatter" else got):
+                if (problem := _within_bound(out, inputs, case["dtype"])) is not None:
+                    raise LabCheckFailed(f"{FUNCTIONS[op]} on 2 GPUs (NCCL) is not the sum "
+                                         f"{launch.where(index, rank)}: {problem}")
+    for op in ("all_gather", "broadcast"):
+        for index, case, outs in launch.results(op):
+            inputs = kit.case_inputs(seed, index, case, 2)
+            expected = torch.cat(inputs) if op == "all_gather" else inputs[case["src"]]
+            for rank, out in enumerate(outs):
+                if not torch.equal(out, expected):
+                    raise LabCheckFailed(f"{FUNCTIONS[op]} on 2 GPUs (NCCL) is wrong {launch.where(index, rank)}")
+    for rank in range(2):
+        for index in range(len(cases)):
+            if called := collectives_called(launch.probe(rank, index)):
+                raise LabCheckFailed(f"{FUNCTIONS[cases[index]['op']]} called {called} on the GPUs "
+                                     f"{launch.where(index, rank)}: send/recv only")
+    ours = {int(s): statistics.median(ts) for s, ts in launch.run.outputs[0]["timings"].items()}
+    path = learner.path("sweep_cuda.csv")
+    if not path.exists():
+        raise LabCheckFailed("sweep_cuda.csv is missing: on a machine with 2 GPUs run `torchrun --nproc-per-node 2 "
+                             "sweep.py --cuda` and submit the CSV it writes")
+    try:
+        rows = kit.read_sweep(path)
+    except ValueError as exc:
+        raise LabCheckFailed(f"sweep_cuda.csv: {exc}") from None
+    points = kit.medians([r["bytes"] for r in rows if r["world_size"] == 2],
+                         [r["seconds"] for r in rows if r["world_size"] == 2])
+    missing = [s for s in GPU_TIMED if s not in points]
+    if missing:
+        raise LabCheckFailed(f"sweep_cuda.csv lacks 2-GPU rows at {missing} bytes (every power of two from 1 KiB "
+                             "up to 1 GiB where memory allows)")
+    for s in GPU_TIMED:
+        record(f"GPU all-reduce busbw {s // MIB} MiB", kit.busbw_gbps("all_reduce", 2, s, points[s]),
+               target=kit.busbw_gbps("all_reduce", 2, s, ours[s]), unit="GB/s", bytes=s)
+    yours, grader = sum(points[s] for s in GPU_TIMED), sum(ours[s] for s in GPU_TIMED)
+    if max(yours / grader, grader / yours) > REMEASURE_FACTOR:
+        raise LabCheckFailed(f"sweep_cuda.csv's medians at 64 and 256 MiB add up to {yours * 1e3:.2f} ms; the "
+                             f"grader's own timing of your ring_all_reduce on 2 GPUs adds up to {grader * 1e3:.2f} ms "
+                             f"(allowed {REMEASURE_FACTOR:g}x). Re-run sweep.py --cuda with the collectives.py you "
+                             "submit")

@@ -129,7 +129,7 @@ def sum_bound(inputs: list, dtype_name: str):
 
 
 # ------------------------------------------------------------------------------------------------- in each rank
-def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int = 2, reps: int = 5,
+def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int = 2, reps: int = 9,
                module: str = "collectives") -> dict:
     """Run the judge's cases on the learner's collectives in this rank; returns outputs, order and timings."""
     import importlib
