@@ -180,7 +180,9 @@ def test_broadcast(launches):
 @pytest.mark.check("point-to-point-only")
 def test_point_to_point_only(launches):
     for launch in launches:
-        launch.require_ran()
+        for op in FUNCTIONS:  # the calls are counted on functions that ran: one that raised fails here too
+            for _ in launch.results(op):
+                pass
         for index, case in enumerate(launch.cases):
             name = FUNCTIONS[case["op"]]
             for rank in range(launch.world):
