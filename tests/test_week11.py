@@ -1,0 +1,152 @@
+"""Week 11 proves its grader: the solution passes, the starter fails, an honest solution in another style
+(isend/irecv batched, the ring turning the other way, remainder on the last block, numpy's polyfit) passes, and
+each wrong variant the issue names fails its check. Plus fast unit tests of kit.collectives and kit.dist_probes.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
+
+HONEST = Path(__file__).parent / "fixtures" / "week11-honest"
+FILES = ("collectives.py", "sweep.py", "sweep.csv", "report.md")
+
+
+@pytest.mark.slow
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week11")
+
+
+@pytest.mark.slow
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week11", source="starter", stamp=False)
+    assert not result.complete
+    for check, name in (("reduce-scatter", "ring_reduce_scatter"), ("all-gather", "ring_all_gather"),
+                        ("all-reduce", "ring_all_reduce"), ("broadcast", "broadcast"),
+                        ("point-to-point-only", "ring_reduce_scatter")):
+        assert f"{name} is not written yet" in checks[check].message, (check, checks[check].message)
+    assert "sweep.csv is missing" in checks["sweep-csv"].message
+    assert checks["cost-model"].status == "failed"
+
+
+@pytest.mark.slow
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    edits = {name: (HONEST / name).read_text() for name in FILES}
+    assert_solution_passes(grade_lab, machine, "week11", edits=edits)
+
+
+@pytest.mark.slow
+def test_report_in_other_words_passes(grade_lab):
+    """The report check reads figures, not phrases: the solution's prose said differently still passes."""
+    _, checks = grade_lab("week11", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def _fabricated(text: str) -> str:
+    """Every time of sweep.csv divided by 5: a sweep that was never run with this code on this machine."""
+    lines = text.splitlines()
+    out = [lines[0]]
+    for line in lines[1:]:
+        *head, seconds = line.split(",")
+        out.append(",".join([*head, repr(float(seconds) / 5)]))
+    return "\n".join(out) + "\n"
+
+
+COLLECTIVES, REPORT = "collectives.py", "report.md"
+VARIANTS = {
+    # all-reduce through the library: right numbers, not built from send/recv, not RS + AG
+    "all-reduce calls dist.all_reduce": ("point-to-point-only", COLLECTIVES, replace_once(
+        "    block = ring_reduce_scatter(x)\n    total = ring_all_gather(block, chunk_sizes(x.numel(), "
+        "dist.get_world_size()))\n    x.copy_(total)\n",
+        "    dist.all_reduce(x)\n")),
+    # blocks of n // world each: the last n % world elements belong to no block (only sizes not divisible)
+    "remainder left out of the blocks": ("reduce-scatter", COLLECTIVES, replace_once(
+        "    return [base + (1 if r < extra else 0) for r in range(world)]",
+        "    return [base for r in range(world)]")),
+    # partial sums rounded to bf16 on the wire ("compressed" communication): fp32 results off by ~1e-3
+    "partial sums sent as bf16": ("reduce-scatter", COLLECTIVES, replace_once(
+        "        acc[offsets[recv_block]:offsets[recv_block + 1]] += incoming\n",
+        "        acc[offsets[recv_block]:offsets[recv_block + 1]] += incoming.bfloat16().to(incoming.dtype)\n")),
+    # busbw invented: the all-reduce factor taken as 2 instead of 2(N-1)/N
+    "busbw with the wrong factor": ("report", REPORT, invented("busbw_gbps", 2.0)),
+    # a sweep.csv whose times were made up (5x faster than this code runs here)
+    "fabricated sweep.csv": ("sweep-remeasured", "sweep.csv", _fabricated),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, file, edit = VARIANTS[name]
+    assert_variant_fails(grade_lab, "week11", check_id, {file: edit})
+
+
+# ------------------------------------------------------------------------------------------- fast unit tests
+def test_fit_recovers_alpha_and_beta():
+    from infracourse.kit.collectives import fit_alpha_beta
+
+    sizes = [2 ** k for k in range(10, 23) for _ in range(3)]
+    seconds = [300e-6 + 2e-9 * s for s in sizes]
+    alpha, beta = fit_alpha_beta(sizes, seconds)
+    assert alpha == pytest.approx(300e-6, rel=1e-9) and beta == pytest.approx(2e-9, rel=1e-9)
+
+
+def test_busbw_factors_are_nccl_tests():
+    from infracourse.kit.collectives import busbw_factor
+
+    assert busbw_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert busbw_factor("reduce_scatter", 4) == busbw_factor("all_gather", 4) == pytest.approx(0.75)
+    assert busbw_factor("broadcast", 8) == 1.0
+
+
+def test_sum_bound_holds_for_a_bf16_ring_and_rejects_fp32_done_in_bf16():
+    import torch
+
+    from infracourse.kit.collectives import reference_sum, sum_bound
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(10_000, generator=g) for _ in range(3)]
+    b16 = [x.bfloat16() for x in xs]
+    ring = b16[0] + b16[1] + b16[2]  # two roundings in bf16
+    assert ((ring.double() - reference_sum(b16)).abs() <= sum_bound(b16, "bfloat16")).all()
+    lossy = (xs[0].bfloat16() + xs[1].bfloat16()).float() + xs[2]
+    assert not ((lossy.double() - reference_sum(xs)).abs() <= sum_bound(xs, "float32")).all()
+
+
+def test_probe_counts_outermost_calls_bytes_and_peers(monkeypatch):
+    """Wrappers only: dist.send is built on dist.isend and counts once; nothing here needs a process group."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from infracourse.kit import dist_probes
+
+    def fake_isend(tensor, dst=None, *args, **kwargs):
+        return None
+
+    def fake_send(tensor, dst=None, *args, **kwargs):
+        return c10d.isend(tensor, dst)
+
+    def fake_all_reduce(tensor, *args, **kwargs):
+        return None
+
+    monkeypatch.setattr(dist_probes, "_installed", False)
+    for name, fn in (("isend", fake_isend), ("send", fake_send), ("all_reduce", fake_all_reduce)):
+        monkeypatch.setattr(c10d, name, fn)
+        monkeypatch.setattr(torch.distributed, name, fn)
+    monkeypatch.setattr(dist_probes, "WRAPPED", ("isend", "send", "all_reduce"))
+    dist_probes.install()
+    with dist_probes.scope("unit"):
+        torch.distributed.send(torch.zeros(10), 1)
+        torch.distributed.isend(torch.zeros(5, dtype=torch.bfloat16), dst=2)
+        torch.distributed.all_reduce(torch.zeros(3))
+    record = dist_probes.counts("unit")
+    assert record["calls"] == {"send": 1, "isend": 1, "all_reduce": 1}
+    assert record["bytes"]["sent"] == 50 and record["peers"]["sent to"] == {1: 1, 2: 1}
+    assert dist_probes.collectives_called(record) == {"all_reduce": 1}
+    assert dist_probes.messages_sent(record) == 2
+    assert re.search("unit", str(dist_probes.report()))
