@@ -1,0 +1,267 @@
+"""Course references for week 13 (ZeRO and FSDP): exact per-device memory accounting, the unsharded AdamW run the
+sharded ones must equal, and the in-rank measurements the grader relies on.
+
+Memory convention (the handout states it; `memory_per_device` is the judge's formula):
+  P parameters, N devices (world), stage 0 (plain data parallelism), 1 (optimiser states sharded), 2 (+ gradients),
+  3 (+ parameters). A sharded quantity is split over a flat buffer padded to N * ceil(P / N) elements, so every
+  device holds ceil(P / N) elements of it; an unsharded one holds all P.
+  precision "fp32": parameters 4 B, gradients 4 B, optimiser 8 B per element (AdamW's exp_avg and exp_avg_sq).
+  precision "bf16-mixed": bf16 parameters 2 B and gradients 2 B; optimiser 12 B per element (fp32 master weights
+  4 B + exp_avg 4 B + exp_avg_sq 4 B), the master weights being part of the sharded optimiser state.
+
+In-rank entry point: `rank_main` (called by kit.rank_driver under torchrun) runs the week's experiments with the
+learner's modules and returns plain tensors and numbers; what it measures inside the rank is evidence the judge
+weighs against its own single-process references (`zero_reference`, `checkpoint_reference`).
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import traceback
+import types
+
+import torch
+from torch import nn
+
+PRECISIONS = {"fp32": (4, 4, 8), "bf16-mixed": (2, 2, 12)}  # bytes per element: params, grads, optimiser
+STAGES = (0, 1, 2, 3)
+
+# the ZeRO-1 / FSDP workload: same model, data and AdamW hyper-parameters for every configuration
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.99), 1e-8, 0.1
+ZERO_STEPS, FSDP_STEPS, PER_RANK_BATCH = 10, 4, 4
+WIDTH, DEPTH, OUT = 16, 6, 5
+
+
+def memory_per_device(params: int, world: int, stage: int, precision: str) -> dict[str, int]:
+    """Bytes each device holds for parameters, gradients and optimiser states (the convention above)."""
+    if precision not in PRECISIONS or stage not in STAGES or world < 1 or params < 0:
+        raise ValueError(f"no memory model for params={params}, world={world}, stage={stage}, {precision!r}")
+    p_bytes, g_bytes, o_bytes = PRECISIONS[precision]
+    shard = -(-params // world)
+    out = {"params": (shard if stage >= 3 else params) * p_bytes,
+           "grads": (shard if stage >= 2 else params) * g_bytes,
+           "optimizer": (shard if stage >= 1 else params) * o_bytes}
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def largest_model_that_fits(memory_bytes: int, world: int, stage: int, precision: str) -> int:
+    """The largest parameter count whose total per-device bytes are at most `memory_bytes` (0 if none)."""
+    lo, hi = 0, 1
+    while memory_per_device(hi, world, stage, precision)["total"] <= memory_bytes:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # total(lo) fits, total(hi) does not; total never decreases as params grows
+        mid = (lo + hi) // 2
+        if memory_per_device(mid, world, stage, precision)["total"] <= memory_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# ----------------------------------------------------------------------------------------------- the workload
+def make_model(seed: int) -> nn.Sequential:
+    """DEPTH Linear(16, 16) + GELU layers and a Linear(16, 5) head: 1,717 parameters, odd and not a multiple of
+    3, so shards over 2 and 3 ranks are uneven."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(DEPTH):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.GELU()]
+    layers.append(nn.Linear(WIDTH, OUT))
+    return nn.Sequential(*layers)
+
+
+def global_batch(seed: int, step: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s global batch (world * PER_RANK_BATCH rows); rank r trains on rows r*B:(r+1)*B."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    rows = world * PER_RANK_BATCH
+    return torch.randn(rows, WIDTH, generator=g), torch.randn(rows, OUT, generator=g)
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (model(x) - y).pow(2).mean()
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def zero_reference(seed: int, world: int, steps: int) -> torch.Tensor:
+    """The unsharded run every configuration must equal: torch.optim.AdamW on the global batch's mean loss."""
+    model = make_model(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    for step in range(steps):
+        x, y = global_batch(seed, step, world)
+        loss_fn(model, x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return flat_params(model)
+
+
+def unsharded_state_bytes(model: nn.Module) -> int:
+    """AdamW's exp_avg and exp_avg_sq in fp32 for every parameter (step counters left out)."""
+    return 2 * 4 * sum(p.numel() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- activation checkpointing workload
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.up, self.act, self.down = nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(self.act(self.up(x)))
+
+
+class BlockStack(nn.Module):
+    """model.blocks (a ModuleList of residual MLP blocks), then model.head; forward is the plain reference."""
+
+    def __init__(self, d: int = 32, depth: int = 4, out: int = 8):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(depth))
+        self.head = nn.Linear(d, out)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def checkpoint_inputs(seed: int) -> tuple[BlockStack, torch.Tensor]:
+    torch.manual_seed(seed + 13)
+    model = BlockStack()
+    return model, torch.randn(64, 32)
+
+
+def saved_bytes(forward, model: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
+    """Bytes of the distinct storages autograd saves for backward during `forward(model, x)` (counted by the
+    course's saved_tensors_hooks), then the output and the gradients of a fixed loss."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward(model, x)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the forward returned {type(out).__name__}, expected a tensor")
+    out.square().mean().backward()
+    grads = {n: p.grad.detach().clone() if p.grad is not None else torch.full_like(p, float("nan"))
+             for n, p in model.named_parameters()}
+    return sum(seen.values()), out.detach(), grads
+
+
+def checkpoint_reference(seed: int) -> dict:
+    model, x = checkpoint_inputs(seed)
+    nbytes, out, grads = saved_bytes(lambda m, t: m(t), model, x)
+    return {"bytes": nbytes, "out": out, "grads": grads}
+
+
+# ------------------------------------------------------------------------------ the in-rank measurement of state
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.CodeType, types.FrameType,
+           types.MethodWrapperType, types.WrapperDescriptorType)
+
+
+def held_tensor_bytes(roots: list, skip_storages: set[int], limit: int = 200_000) -> int:
+    """Bytes of the distinct tensor storages reachable from `roots` (through attributes, containers, bound
+    methods; not through modules, classes or functions), leaving out `skip_storages`."""
+    stack, visited, found = list(roots), set(), {}
+    while stack and len(visited) < limit:
+        obj = stack.pop()
+        if id(obj) in visited:
+            continue
+        visited.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            key = storage.data_ptr()
+            if storage.nbytes() and key not in skip_storages:
+                found[key] = max(found.get(key, 0), storage.nbytes())
+            if obj.grad is not None:
+                stack.append(obj.grad)
+            continue
+        if isinstance(obj, _OPAQUE):
+            continue
+        stack.extend(gc.get_referents(obj))
+    return sum(found.values())
+
+
+def _storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if t is not None}
+
+
+# -------------------------------------------------------------------------------------------- the experiments
+def _zero1(seed: int, module: str) -> dict:
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    learner = importlib.import_module(module)
+    model = make_model(seed)
+    params = list(model.parameters())
+    opt = learner.Zero1AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    if type(opt).__module__.startswith("torch."):
+        raise TypeError("Zero1AdamW must be your own wrapper, not torch's optimiser classes")
+    state_bytes = None
+    for step in range(ZERO_STEPS):
+        x, y = global_batch(seed, step, world)
+        rows = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
+        loss_fn(model, x[rows], y[rows]).backward()
+        opt.step()
+        if step == ZERO_STEPS - 1:  # what the optimiser keeps, besides the model's own parameters and gradients
+            skip = _storages(params) | _storages(p.grad for p in params)
+            state_bytes = held_tensor_bytes([opt, vars(learner)], skip)
+        opt.zero_grad()
+    return {"params": flat_params(model), "state_bytes": state_bytes, "world": world}
+
+
+def _fsdp(seed: int, module: str) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    learner = importlib.import_module(module)
+    model = make_model(seed)
+    numel = sum(p.numel() for p in model.parameters())
+    sharded = learner.shard_model(model)
+    if sharded is None:
+        sharded = model
+    roots = [m for m in sharded.modules() if isinstance(m, FSDPModule)]
+    local = 0
+    for p in sharded.parameters():
+        local += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+    opt = torch.optim.AdamW(sharded.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    for step in range(FSDP_STEPS):
+        x, y = global_batch(seed, step, world)
+        rows = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
+        loss_fn(sharded, x[rows], y[rows]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in sharded.parameters()]
+    return {"params": torch.cat([t.detach().reshape(-1) for t in full]), "local_numel": local, "numel": numel,
+            "fsdp_modules": len(roots), "world": world}
+
+
+def _checkpoint(seed: int, module: str) -> dict:
+    learner = importlib.import_module(module)
+    model, x = checkpoint_inputs(seed)
+    plain, _, _ = saved_bytes(lambda m, t: m(t), model, x)
+    nbytes, out, grads = saved_bytes(learner.checkpointed_forward, model, x)
+    return {"plain_bytes": plain, "bytes": nbytes, "out": out, "grads": grads}
+
+
+EXPERIMENTS = {"zero1": _zero1, "fsdp": _fsdp, "checkpoint": _checkpoint}
+
+
+def rank_main(experiments: dict[str, str], seed: int) -> dict:
+    """Each experiment (name -> the learner's module) in turn; a learner failure is kept as that experiment's
+    traceback tail so the other experiments still report."""
+    results = {}
+    for name, module in experiments.items():
+        try:
+            results[name] = EXPERIMENTS[name](seed, module)
+        except Exception as exc:
+            tail = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            results[name] = {"error": "".join(tail)[-2500:]}
+    return results

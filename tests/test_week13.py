@@ -1,0 +1,78 @@
+"""Week 13 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
+its check, and an honest solution in another style (tests/fixtures/week13-honest) passes."""
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented
+
+pytestmark = pytest.mark.slow
+
+HONEST = Path(__file__).parent / "fixtures" / "week13-honest"
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week13")
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week13", source="starter", stamp=False)
+    assert not result.complete
+    for check in ("memory-exact", "memory-largest-fits", "zero1-matches-adamw", "zero1-state-sharded",
+                  "fsdp-matches-ddp", "checkpoint-saves-less", "report"):
+        assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
+    assert "not written yet" in checks["zero1-matches-adamw"].message
+    assert "Zero1AdamW.step" in checks["zero1-matches-adamw"].message
+
+
+# DDP with a plain AdamW over every parameter: right parameters, but every rank keeps all of AdamW's state
+FULL_STATE = '''
+import torch
+import torch.distributed as dist
+
+
+class Zero1AdamW:
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.params = list(params)
+        self.inner = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        self.inner.step()
+
+    def zero_grad(self):
+        self.inner.zero_grad(set_to_none=True)
+'''
+
+VARIANTS = {
+    # each rank updates its own shard and never shares it: the other shards stay at their old values
+    "ZeRO-1 forgets the all-gather": ("zero1-matches-adamw", {"zero1.py": replace_once(
+        "        dist.all_gather_into_tensor(flat, mine.clone())  # every rank gets every updated shard\n", "")}),
+    "every rank keeps the full optimizer state": ("zero1-state-sharded", {"zero1.py": FULL_STATE}),
+    "fp32 gradients counted under mixed precision": ("memory-exact", {"memory_model.py": replace_once(
+        '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 4, 12)')}),
+    "master weights forgotten": ("memory-exact", {"memory_model.py": replace_once(
+        '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 2, 8)')}),
+    # the blocks run as usual; the checkpoint's result is what is returned, but everything was saved anyway
+    "checkpointing that saves everything anyway": ("checkpoint-saves-less", {"checkpointing.py": replace_once(
+        "        x = checkpoint(block, x, use_reentrant=False)\n",
+        "        block(x)\n        x = checkpoint(block, x, use_reentrant=False)\n")}),
+    "FSDP on the root only": ("fsdp-matches-ddp", {"fsdp.py": replace_once(
+        "            fully_shard(layer)\n", "            pass\n")}),
+    "an invented per-rank memory figure": ("report", {"report.md": invented("zero1_state_bytes_per_rank_world2", 0.5)}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    assert_variant_fails(grade_lab, "week13", check_id, edits)
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week13", edits={
+        name: (HONEST / name).read_text() for name in ("zero1.py", "memory_model.py", "checkpointing.py")})
