@@ -93,9 +93,7 @@ def test_report_in_other_words_passes(grade_lab):
 HONEST = Path(__file__).parent / "fixtures" / "week05-honest"
 
 
-@pytest.mark.parametrize("name", ["trainer_class.py", pytest.param("functional_bytes.py", marks=pytest.mark.xfail(
-    strict=False, reason="intermittent: the kit's resume driver crashed in 3 of 7 grades of this solution on "
-    "2026-12-03 (cause not captured: the message keeps the traceback's head); see issue 11's note"))])
+@pytest.mark.parametrize("name", ["trainer_class.py", "functional_bytes.py"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, name):
     result, checks = grade_lab("week05", edits={"train.py": (HONEST / name).read_text()})
     for check in checks.values():

@@ -196,7 +196,7 @@ class Worker:
         import torch
 
         from infracourse import bench
-        from infracourse.guard import watch_call
+        from infracourse.guard import record_launches, watch_call
 
         fn = self.objects[header["target"]]
         make_args = decoder.decode(header["make_args"])
@@ -217,12 +217,13 @@ class Worker:
             rec.trace_data_flow(list(args), out)
             observed.append(rec)
         host_s = 0.0
-        if on_gpu:  # the host's time to enqueue one call, unwatched: the judge holds the device that long per call
-            torch.cuda.synchronize()
+        if on_gpu:  # the host's time to enqueue one call as time_run makes it (its launches recorded): the judge
+            torch.cuda.synchronize()  # holds the device that long per call, so the clocked batch never starves
             spans = []
             for args in batch[:3]:
                 t0 = time.perf_counter()
-                fn(*args)
+                with record_launches():
+                    fn(*args)
                 spans.append(time.perf_counter() - t0)
             host_s = min(spans)
             torch.cuda.synchronize()
