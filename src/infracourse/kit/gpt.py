@@ -3,6 +3,22 @@
 Weights come from a seeded generator; nothing is downloaded. Labs take it apart (week 4), train and
 resume it (week 5), account for its memory (week 6) and swap in their own fused norm (week 10), which
 is why the normalisation is a constructor argument.
+
+Serving API (weeks 15-18): a config may group its key/value heads (`n_kv_head` < `n_head`, grouped-query
+attention; None means one KV head per query head, the weeks 4-6 model, same weights for the same seed). The
+model is taken apart for incremental decoding with these pieces; a cache is written by the lab, not here:
+
+    x = model.embed(ids, pos_offset)                 # (B, T, C): token + position embeddings, positions
+                                                     #   pos_offset .. pos_offset + T - 1 (< cfg.seq_len)
+    for block in model.blocks:
+        q, k, v = block.attn.qkv_heads(block.norm1(x))   # q (B, n_head, T, hd); k, v (B, kv_heads, T, hd)
+        ... store k, v; K, V = all cached keys/values of this layer, (B, kv_heads, S, hd), S = offset + T
+        x = x + block.attn.attend(q, K, V)           # queries are the LAST T positions of the S keys (causal)
+        x = x + block.mlp(block.norm2(x))
+    logits = model.logits(x)                         # (B, T, vocab)
+
+`model(idx)` is exactly this with S = T and pos_offset 0. `attend(q, K, V, key_mask=...)` takes an optional
+(B, S) bool mask of valid keys (False = padding) for batches of prompts of different lengths.
 """
 from __future__ import annotations
 
@@ -33,19 +49,46 @@ class RMSNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal self-attention; `n_kv_head` < `n_head` shares each key/value head among n_head // n_kv_head
+    query heads (grouped-query attention). Split into `qkv_heads` and `attend` so a KV cache fits between."""
+
     def __init__(self, cfg: "GPTConfig"):
         super().__init__()
         self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.n_kv_head = cfg.kv_heads
+        self.head_dim = cfg.d_model // cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * self.n_kv_head * self.head_dim, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def qkv_heads(self, x: torch.Tensor):
+        """(B, T, C) -> q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim)."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
-        # (B, T, C) -> (B, n_head, T, head_dim)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, n_head, T, head_dim)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        kv = self.n_kv_head * self.head_dim
+        q, k, v = self.qkv(x).split((C, kv, kv), dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B, n_head, T, hd) are the last T of the S positions of k, v (B, n_kv_head, S, hd): query i sees
+        keys 0 .. S - T + i. key_mask (B, S) bool, False for padding keys. Returns the projected (B, T, C)."""
+        B, H, T, hd = q.shape
+        S = k.shape[2]
+        if self.n_kv_head != self.n_head:
+            group = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if S == T and key_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)  # (T, S)
+            if key_mask is not None:
+                mask = mask & key_mask[:, None, None, :].to(torch.bool)  # (B, 1, T, S)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(B, T, H * hd))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attend(*self.qkv_heads(x))
 
 
 class MLP(nn.Module):
@@ -81,6 +124,21 @@ class GPTConfig:
     n_head: int = 4
     n_layer: int = 2
     mlp_ratio: int = 4
+    n_kv_head: int | None = None  # None: n_head (no grouping); must divide n_head
+
+    def __post_init__(self):
+        if self.d_model % self.n_head or self.n_head % self.kv_heads:
+            raise ValueError(f"GPTConfig: d_model {self.d_model} must divide into n_head {self.n_head} heads and "
+                             f"n_head into n_kv_head {self.kv_heads} groups")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per layer: n_kv_head, or n_head when it is None."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
 
 
 class GPT(nn.Module):
@@ -105,13 +163,23 @@ class GPT(nn.Module):
             std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("proj.weight", "down.weight")) else 0.02
             p.copy_(torch.randn(p.shape, generator=gen) * std)
 
+    def embed(self, idx: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
+        """(B, T) token ids at positions pos_offset .. pos_offset + T - 1 -> (B, T, C)."""
+        T = idx.shape[1]
+        if pos_offset + T > self.cfg.seq_len:
+            raise ValueError(f"positions up to {pos_offset + T - 1} asked of a model with seq_len {self.cfg.seq_len}")
+        pos = torch.arange(pos_offset, pos_offset + T, device=idx.device)
+        return self.tok_emb(idx) + self.pos_emb(pos)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) hidden states after the last block -> (B, T, vocab) logits."""
+        return self.head(self.norm(x))
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        B, T = idx.shape  # (B, T) token ids
-        pos = torch.arange(T, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        x = self.embed(idx)  # (B, T, C) from (B, T) token ids
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.norm(x))  # (B, T, vocab)
+        logits = self.logits(x)  # (B, T, vocab)
         if targets is None:
             return logits
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

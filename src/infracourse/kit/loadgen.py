@@ -1,0 +1,305 @@
+"""A load generator for OpenAI-style streaming `/v1/completions` servers, and the serving metrics exactly as
+vLLM's serving benchmark (`vllm bench serve`, benchmarks/serve.py `calculate_metrics`) defines them.
+
+The client is plain asyncio (no HTTP library needed). Sending and measuring are separate. Sending produces one `RequestRecord` per request; the metrics are pure
+functions of those records, so they are tested on fixed traces:
+
+    specs = request_matrix(input_lens=[16, 64], output_lens=[8, 32], per_cell=4, vocab_size=256, seed=0)
+    records, duration_s = run_load(specs, uds="/tmp/x/server.sock",       # or base_url="http://127.0.0.1:8000"
+                                   rate=float("inf"), burstiness=1.0, concurrency=8, seed=0)
+    m = compute_metrics(records, duration_s, percentiles=(50, 90, 99), goodput_slo_ms={"ttft": 200, "tpot": 50})
+    m["ttft_ms"]["p99"], m["output_throughput"], m["request_goodput"]
+
+Definitions (times in seconds in records, milliseconds in the metrics, as vLLM prints them):
+  chunk     an SSE event `data: {...}` whose choices[0].text is non-empty (a content chunk); `data: [DONE]` ends
+  TTFT      first content chunk's arrival - send time
+  ITL       gaps between consecutive content chunks of a request, pooled over all successful requests
+  E2EL      last content chunk's arrival - send time
+  TPOT      per request (E2EL - TTFT) / (output_tokens - 1), only requests with output_tokens > 1 enter its
+            statistics; for goodput a request with output_tokens <= 1 counts TPOT 0
+  output_tokens  usage.completion_tokens of the stream when the server sends it, else the content chunks counted
+  throughputs    completed / duration, sum(output_tokens of successful requests) / duration, and
+            (input + output tokens) / duration; failed requests are excluded (count 0 tokens)
+  goodput   successful requests meeting EVERY given SLO (value <= SLO ms, for keys ttft, tpot, e2el) / duration
+  percentiles    np.percentile (linear interpolation); mean, median, std as np.mean, np.median, np.std; a metric
+            with no sample reports 0 (vLLM's `or 0`)
+Arrivals (vLLM's get_request): request i is sent at the sum of i gaps drawn from Gamma(shape=burstiness,
+scale=1 / (rate * burstiness)); burstiness 1 is a Poisson process, < 1 burstier, rate=inf sends all at once;
+`concurrency` caps requests in flight (a semaphore, requests wait for a slot after their arrival time).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+from urllib.parse import urlsplit
+
+import numpy as np
+
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+@dataclass
+class RequestSpec:
+    prompt_ids: list[int]
+    max_tokens: int
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, on the client's clock (time.perf_counter seconds)."""
+    prompt_tokens: int
+    send_time: float
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
+    output_tokens: int = 0
+    success: bool = False
+    error: str = ""
+    text: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.send_time
+
+    @property
+    def e2el(self) -> float:
+        return self.chunk_times[-1] - self.send_time
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """(E2EL - TTFT) / (output_tokens - 1); None when output_tokens <= 1."""
+        if self.output_tokens <= 1:
+            return None
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+
+def _stats(values: Sequence[float], percentiles: Iterable[float]) -> dict:
+    """ms statistics as vLLM computes them: an empty list counts as [0]."""
+    v = np.asarray(values if len(values) else [0.0], dtype=np.float64) * 1000.0
+    out = {"mean": float(np.mean(v)), "median": float(np.median(v)), "std": float(np.std(v))}
+    for p in percentiles:
+        out[f"p{p:g}"] = float(np.percentile(v, p))  # numpy's default method: linear
+    return out
+
+
+def compute_metrics(records: Sequence[RequestRecord], duration_s: float, *,
+                    percentiles: Iterable[float] = (50, 90, 95, 99),
+                    goodput_slo_ms: dict[str, float] | None = None) -> dict:
+    """The serving metrics of `records` over a benchmark of `duration_s` seconds (see the module docstring).
+
+    Returns a dict: completed, failed, total_input, total_output, duration_s, request_throughput,
+    output_throughput, total_token_throughput, request_goodput (None without SLOs), and ttft_ms, tpot_ms,
+    itl_ms, e2el_ms: each {mean, median, std, p50, ...}."""
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    percentiles = tuple(percentiles)
+    slo = dict(goodput_slo_ms or {})
+    unknown = set(slo) - set(SLO_KEYS)
+    if unknown:
+        raise ValueError(f"goodput SLO keys must be among {SLO_KEYS}, got {sorted(unknown)}")
+    ttfts, tpots, all_tpots, itls, e2els = [], [], [], [], []
+    completed = total_input = total_output = good = 0
+    for r in records:
+        if not r.success:
+            continue
+        if not r.chunk_times:
+            raise ValueError("a successful RequestRecord must have at least one content chunk time")
+        completed += 1
+        total_input += r.prompt_tokens
+        total_output += r.output_tokens
+        tpot = r.tpot
+        if tpot is not None:
+            tpots.append(tpot)
+        all_tpots.append(tpot or 0.0)
+        itls.extend(r.itl)
+        ttfts.append(r.ttft)
+        e2els.append(r.e2el)
+        values = {"ttft": r.ttft, "tpot": tpot or 0.0, "e2el": r.e2el}
+        if slo and all(values[k] <= slo[k] / 1000.0 for k in slo):
+            good += 1
+    return {
+        "completed": completed, "failed": len(records) - completed,
+        "total_input": total_input, "total_output": total_output, "duration_s": duration_s,
+        "request_throughput": completed / duration_s,
+        "output_throughput": total_output / duration_s,
+        "total_token_throughput": (total_input + total_output) / duration_s,
+        "request_goodput": good / duration_s if slo else None,
+        "ttft_ms": _stats(ttfts, percentiles), "tpot_ms": _stats(tpots, percentiles),
+        "itl_ms": _stats(itls, percentiles), "e2el_ms": _stats(e2els, percentiles),
+    }
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, *, seed: int = 0) -> list[float]:
+    """Send times (s, from the start) of n requests: 0 first, then cumulative Gamma(burstiness, 1/(rate*b))
+    gaps; rate=inf gives all zeros."""
+    if n <= 0:
+        return []
+    if math.isinf(rate):
+        return [0.0] * n
+    if not (rate > 0 and burstiness > 0):
+        raise ValueError(f"rate and burstiness must be > 0, got {rate}, {burstiness}")
+    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
+    return [0.0] + np.cumsum(gaps).tolist()
+
+
+def request_matrix(input_lens: Sequence[int], output_lens: Sequence[int], per_cell: int, *, vocab_size: int = 256,
+                   seed: int = 0, shuffle: bool = True) -> list[RequestSpec]:
+    """per_cell requests for every (input length, output length) pair, random prompt ids from the seed."""
+    r = random.Random(seed)
+    specs = [RequestSpec([r.randrange(vocab_size) for _ in range(i)], o)
+             for i in input_lens for o in output_lens for _ in range(per_cell)]
+    if shuffle:
+        r.shuffle(specs)
+    return specs
+
+
+def _body(spec: RequestSpec, model: str, prompt_as: str, extra: dict | None) -> dict:
+    if prompt_as == "ids":
+        prompt = list(spec.prompt_ids)
+    elif prompt_as == "text":
+        prompt = bytes(spec.prompt_ids).decode("utf-8", errors="replace")
+    else:
+        raise ValueError(f"prompt_as must be 'ids' or 'text', got {prompt_as!r}")
+    body = {"model": model, "prompt": prompt, "max_tokens": spec.max_tokens, "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body.update(extra or {})
+    return body
+
+
+async def _open(base_url: str, uds: str | None):
+    if uds:
+        return await asyncio.open_unix_connection(uds)
+    u = urlsplit(base_url)
+    if u.scheme != "http":
+        raise ValueError(f"only http:// base URLs are supported, got {base_url!r}")
+    return await asyncio.open_connection(u.hostname or "localhost", u.port or 80)
+
+
+async def _body_pieces(reader, headers: dict):
+    """The response body as it arrives: chunked transfer encoding, Content-Length, or until the server closes."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            yield await reader.readexactly(size)
+            await reader.readexactly(2)  # CRLF after each chunk
+    elif "content-length" in headers:
+        yield await reader.readexactly(int(headers["content-length"]))
+    else:
+        while piece := await reader.read(65536):
+            yield piece
+
+
+async def _stream_lines(reader, headers: dict):
+    buf = b""
+    async for piece in _body_pieces(reader, headers):
+        buf += piece
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if buf:
+        yield buf.decode("utf-8", errors="replace")
+
+
+async def send_completion(spec: RequestSpec, *, base_url: str = "http://localhost", uds: str | None = None,
+                          endpoint: str = "/v1/completions", model: str = "kit-gpt", prompt_as: str = "ids",
+                          extra_body: dict | None = None) -> RequestRecord:
+    """One streaming request on its own HTTP/1.1 connection (TCP, or the Unix socket `uds`); a server's fault
+    (refused, HTTP error, malformed or unfinished stream) is recorded in the record's `error`, never raised.
+    Dependency-free: plain asyncio streams, so it runs wherever the course runs."""
+    payload_bytes = json.dumps(_body(spec, model, prompt_as, extra_body)).encode()
+    host = "localhost" if uds else (urlsplit(base_url).netloc or "localhost")
+    request = (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+               f"Accept: text/event-stream\r\nContent-Length: {len(payload_bytes)}\r\nConnection: close\r\n\r\n"
+               ).encode() + payload_bytes
+    rec = RequestRecord(prompt_tokens=len(spec.prompt_ids), send_time=time.perf_counter())
+    usage_tokens, parts, writer = None, [], None
+    try:
+        reader, writer = await _open(base_url, uds)
+        rec.send_time = time.perf_counter()  # the clock starts as the request leaves, connection made
+        writer.write(request)
+        await writer.drain()
+        status = (await reader.readline()).decode("latin-1").split()
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            k, _, v = line.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if len(status) < 2 or status[1] != "200":
+            body = b"".join([p async for p in _body_pieces(reader, headers)]) if status else b""
+            rec.error = f"HTTP {' '.join(status[1:]) or '(no status line)'}: {body[:300]!r}"
+            return rec
+        done = False
+        async for line in _stream_lines(reader, headers):
+            line = line.strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:"):].strip()
+            if payload == "[DONE]":
+                done = True
+                break
+            now = time.perf_counter()
+            data = json.loads(payload)
+            choices = data.get("choices") or []
+            text = choices[0].get("text") if choices else None
+            if text:
+                rec.chunk_times.append(now)
+                parts.append(text)
+            usage = data.get("usage")
+            if usage and usage.get("completion_tokens") is not None:
+                usage_tokens = int(usage["completion_tokens"])
+        if not done:
+            rec.error = "stream ended without data: [DONE]"
+        elif not rec.chunk_times:
+            rec.error = "no content chunk in the stream"
+        else:
+            rec.success = True
+    except Exception as exc:  # noqa: BLE001 - a failed request is data, not a crash of the benchmark
+        rec.error = f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        if writer is not None:
+            writer.close()
+        rec.text = "".join(parts)
+        rec.output_tokens = (usage_tokens if usage_tokens is not None else len(rec.chunk_times)) if rec.success else 0
+    return rec
+
+
+async def run_load_async(specs: Sequence[RequestSpec], *, base_url: str = "http://localhost", uds: str | None = None,
+                         endpoint: str = "/v1/completions", rate: float = float("inf"), burstiness: float = 1.0,
+                         concurrency: int | None = None, seed: int = 0, timeout_s: float = 60.0,
+                         model: str = "kit-gpt", prompt_as: str = "ids",
+                         extra_body: dict | None = None) -> tuple[list[RequestRecord], float]:
+    """Send `specs` with the arrival process and concurrency cap; returns (records in spec order, duration_s).
+    duration_s runs from the first send to the last request's end. `uds` connects through a Unix socket.
+    A request running past timeout_s is recorded as failed ("timeout")."""
+    offsets = arrival_offsets(len(specs), rate, burstiness, seed=seed)
+    gate = asyncio.Semaphore(concurrency or len(specs) or 1)
+    start = time.perf_counter()
+
+    async def one(spec, offset):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            sent = time.perf_counter()
+            try:
+                return await asyncio.wait_for(send_completion(spec, base_url=base_url, uds=uds, endpoint=endpoint,
+                                                              model=model, prompt_as=prompt_as,
+                                                              extra_body=extra_body), timeout_s)
+            except asyncio.TimeoutError:
+                return RequestRecord(len(spec.prompt_ids), sent, error=f"timeout after {timeout_s} s")
+
+    records = await asyncio.gather(*(one(s, o) for s, o in zip(specs, offsets)))
+    return list(records), time.perf_counter() - start
+
+
+def run_load(specs: Sequence[RequestSpec], **kwargs) -> tuple[list[RequestRecord], float]:
+    """run_load_async in a fresh event loop (for synchronous callers)."""
+    return asyncio.run(run_load_async(specs, **kwargs))
