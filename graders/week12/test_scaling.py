@@ -1,0 +1,116 @@
+"""Step time, samples/s, scaling efficiency, exposed communication, MFU and peak memory of the timed runs.
+
+The course times the steps itself (kit.ddp_reference's optimiser notes when each step ends, inside the ranks)
+and bounds that clock by this judge's wall clock around each launch; the figures train() returns are the
+learner's evidence and must agree with the course's. Strong scaling keeps the global batch (512) fixed: world 1
+takes 512 per step, world 2 takes 256 per rank; weak scaling keeps the per-rank batch (256) fixed."""
+from __future__ import annotations
+
+from statistics import median
+
+import pytest
+
+from conftest import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS,
+                      course_step_s, params_difference)
+from infracourse.grading.torchrun import run_ranks
+from infracourse.guard import LabCheckFailed
+from infracourse.kit import ddp_reference as ref
+
+GPU_GLOBAL = 4096  # the timed GPU runs' global batch
+AGREE = 2.0  # the learner's own step time and samples/s against the course's clock of the same run (CPU noise)
+
+
+def _within_launch(world) -> None:
+    """Physics: what the ranks timed fits inside the judge's own clock around the launch."""
+    for rank, out in enumerate(world.run.outputs):
+        inside = sum(e["wall_s"] for e in out)
+        if inside > world.run.wall_s:
+            raise LabCheckFailed(f"rank {rank} of world {world.size} timed {inside:.2f} s of training inside a launch "
+                                 f"the grader clocked at {world.run.wall_s:.2f} s: its clock cannot be trusted")
+        for e in out:
+            if e["step_ends"] and e["step_ends"][-1] - e["step_ends"][0] > e["wall_s"]:
+                raise LabCheckFailed(f"rank {rank}: the optimiser's steps span more time than the call to train()")
+
+
+def _learner_agrees(world, name: str, course_s: float) -> None:
+    out = world.results(name)[0]["out"]
+    config = world.experiments[name]
+    global_batch = config["per_rank_batch"] * config["accumulation"] * world.size
+    step_s, rate = out.get("step_s"), out.get("samples_per_s")
+    if not isinstance(step_s, list) or len(step_s) != config["steps"] or not isinstance(rate, (int, float)):
+        raise LabCheckFailed(f"train() must return 'step_s' (one time per optimiser step, seconds) and "
+                             f"'samples_per_s' ({world.describe(name)})")
+    mine = median(float(s) for s in step_s)
+    for what, got, want, unit in (("median step time", mine, course_s, "s"),
+                                  ("samples_per_s", float(rate), global_batch / course_s, "samples/s")):
+        if not (want / AGREE <= got <= want * AGREE):
+            raise LabCheckFailed(
+                f"train() reports {what} {got:.4g} {unit}, but the course's clock of the same run says {want:.4g} "
+                f"{unit} ({world.describe(name)}; accepted within {AGREE:g}x). Time each optimiser step from its "
+                f"first micro-batch to after optimizer.step() (wait for the device first), and samples/s = global "
+                f"batch ({global_batch}) / step time")
+
+
+@pytest.mark.check("scaling-measured")
+def test_scaling(launches, record):
+    one, two = launches.one, launches.two
+    for world in (one, two):
+        world.results(list(world.experiments)[0])  # a failed launch says so first
+        _within_launch(world)
+    t1_weak = course_step_s(one.results("weak")[0])
+    t1_strong = course_step_s(one.results("strong")[0])
+    t2 = max(course_step_s(r) for r in two.results("timed"))  # the slowest rank sets the step
+    _learner_agrees(one, "weak", t1_weak)
+    _learner_agrees(one, "strong", t1_strong)
+    _learner_agrees(two, "timed", t2)
+    flops = ref.flops_per_sample() * STRONG_GLOBAL
+    record("step ms", t2 * 1e3, unit="ms")
+    record("samples per s", STRONG_GLOBAL / t2, unit="samples/s")
+    record("strong efficiency", t1_strong / (2 * t2))
+    record("weak efficiency", t1_weak / t2)
+    record("exposed communication share", max(0.0, 1 - t1_weak / t2))
+    record("mfu", flops / (t2 * 2 * launches.peak_flops))
+    record("peak memory mb", max(r["peak_memory_mb"] for r in two.results("timed")), unit="MiB")
+    record("calibrated peak gflops", launches.peak_flops / 1e9, unit="GFLOP/s")
+    record("launch s world 1", one.run.wall_s, unit="s")
+    record("launch s world 2", two.run.wall_s, unit="s")
+
+
+def _gpu_world(learner, tmp_path, size: int, seed: int):
+    accumulation = 6 // size  # the equivalence run as on the CPU: 4 per rank, global batch 24
+    experiments = [dict(steps=STEPS, per_rank_batch=GLOBAL_BATCH // (size * accumulation), accumulation=accumulation,
+                        samples=SAMPLES, seed=seed),
+                   dict(steps=TIMED_STEPS, per_rank_batch=GPU_GLOBAL // size, accumulation=1,
+                        samples=GPU_GLOBAL * TIMED_STEPS, seed=seed)]
+    run = run_ranks(KIT, "run_experiments", learner_dir=learner.root, world_size=size,
+                    kwargs={"experiments": experiments}, device="cuda", probe=KIT, timeout_s=240, scratch=tmp_path)
+    if run.failure():
+        raise LabCheckFailed(f"the CUDA world of {size} failed: {run.failure()[-1800:]}")
+    params, _ = ref.reference_train(STEPS, GLOBAL_BATCH, SAMPLES, seed)
+    for rank, out in enumerate(run.outputs):
+        problem = params_difference(out[0]["out"].get("params"), params)
+        if problem:
+            raise LabCheckFailed(f"NCCL, world {size}, rank {rank}: weights after {STEPS} steps differ from one "
+                                 f"process with the global batch {GLOBAL_BATCH} (seed {seed}): {problem}")
+    return run, max(course_step_s(out[1]) for out in run.outputs)
+
+
+@pytest.mark.check("ddp-cuda")
+def test_nccl_world_one(learner, seed, tmp_path, ceilings, record):
+    run, step = _gpu_world(learner, tmp_path, 1, seed % 10_000)
+    flops = ref.flops_per_sample() * GPU_GLOBAL
+    peak = ceilings.matmul_tflops["float32"] * 1e12
+    record("cuda step ms", step * 1e3, unit="ms")
+    record("cuda mfu", flops / (step * peak), ceiling=peak / 1e12, fraction_of_ceiling=flops / (step * peak))
+    record("cuda peak memory mb", run.outputs[0][1]["peak_memory_mb"], unit="MiB")
+
+
+@pytest.mark.check("ddp-multi-gpu")
+def test_nccl_world_two(learner, seed, tmp_path, record):
+    run, step = _gpu_world(learner, tmp_path, 2, seed % 10_000)
+    for rank, out in enumerate(run.outputs):
+        if out[0]["bucket_reductions"].get(0, 0) != STEPS:
+            raise LabCheckFailed(f"NCCL world 2, rank {rank}: {out[0]['bucket_reductions'].get(0, 0)} gradient "
+                                 f"all-reduces in {STEPS} optimiser steps; expected one per step (no_sync)")
+    record("2-GPU step ms", step * 1e3, unit="ms")
+    record("2-GPU samples per s", GPU_GLOBAL / step, unit="samples/s")

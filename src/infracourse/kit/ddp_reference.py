@@ -1,0 +1,216 @@
+"""Week 12's course pieces: the dataset, model and optimiser every run uses, the single-process reference run
+with the global batch, the FLOP count and CPU peak for MFU, and the course code that runs inside each rank.
+
+Reading order: data -> model -> optimiser -> reference run -> FLOPs and peak -> in-rank probe and driver.
+
+Why a DistributedDataParallel run can be compared with one process: the sampler (shuffle, seed, `set_epoch`)
+deals epoch e's permutation round-robin, rank r taking positions r, r + W, r + 2W, ...; each rank cuts its
+share into per-rank batches b and accumulates A of them per optimiser step. Step j of the epoch therefore
+covers positions [j*G, (j+1)*G) of the permutation, G = b * A * W, on every world size, and the mean loss over
+those equal-sized pieces is the mean over the G samples: one process taking batch G from the same permutation
+takes the same step (up to float summation order).
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import os
+import resource
+import time
+
+import torch
+from torch import nn
+
+IN_FEATURES, HIDDEN, OUT_FEATURES = 32, 256, 8
+LR, MOMENTUM = 0.05, 0.9
+
+
+# --- data: a seeded regression set whose items carry their own index --------------------------------------
+class IndexedDataset(torch.utils.data.Dataset):
+    """(x, y, index) per sample, so a run can say which samples it consumed."""
+
+    def __init__(self, samples: int, seed: int = 0):
+        gen = torch.Generator().manual_seed(1000 + seed)
+        self.x = torch.randn(samples, IN_FEATURES, generator=gen)
+        teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=gen) / IN_FEATURES ** 0.5
+        self.y = torch.tanh(self.x @ teacher) + 0.1 * torch.randn(samples, OUT_FEATURES, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i], i
+
+
+def make_dataset(samples: int, seed: int = 0) -> IndexedDataset:
+    return IndexedDataset(samples, seed)
+
+
+# --- model, loss, optimiser ----------------------------------------------------------------------------
+def make_model(seed: int = 0) -> nn.Sequential:
+    """The MLP every rank starts from: the same weights from the same seed, without touching global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(),
+                             nn.Linear(HIDDEN, OUT_FEATURES))
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error, a MEAN over the batch: the gradient of a global batch is the mean of its pieces'."""
+    return nn.functional.mse_loss(output, target)
+
+
+STEP_CLOCK: list[float] = []  # perf_counter at the end of every optimiser step in this process (course clock)
+
+
+class ClockedSGD(torch.optim.SGD):
+    """SGD with momentum (not scale-invariant like Adam: a gradient A times too big shows in the weights) that
+    notes when each step ends, so the course times steps itself."""
+
+    def step(self, closure=None):
+        result = super().step(closure)
+        STEP_CLOCK.append(time.perf_counter())
+        return result
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return ClockedSGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+# --- the single-process reference --------------------------------------------------------------------------
+def epoch_permutation(samples: int, epoch: int, seed: int) -> torch.Tensor:
+    """The order DistributedSampler(shuffle=True, seed=seed) deals epoch `epoch` in (after set_epoch)."""
+    gen = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(samples, generator=gen)
+
+
+def global_batch_indices(step: int, global_batch: int, samples: int, seed: int) -> torch.Tensor:
+    """The samples optimiser step `step` (0-based) covers, whatever the world size and accumulation."""
+    per_epoch = samples // global_batch
+    epoch, j = divmod(step, per_epoch)
+    return epoch_permutation(samples, epoch, seed)[j * global_batch:(j + 1) * global_batch]
+
+
+def reference_train(steps: int, global_batch: int, samples: int, seed: int = 0) -> tuple[dict, list[float]]:
+    """One process, batch = the global batch: final weights and the loss before each step."""
+    data, model = make_dataset(samples, seed), make_model(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    losses = []
+    for step in range(steps):
+        idx = global_batch_indices(step, global_batch, samples, seed)
+        loss = loss_fn(model(data.x[idx]), data.y[idx])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+# --- FLOPs and the CPU's peak -------------------------------------------------------------------------------
+def flops_per_sample() -> int:
+    """Model FLOPs of one sample's forward + backward: 2 per multiply-add forward, twice that backward."""
+    macs = IN_FEATURES * HIDDEN + HIDDEN * HIDDEN + HIDDEN * OUT_FEATURES
+    return 6 * macs
+
+
+def calibrate_peak_flops(n: int = 384, repeats: int = 20) -> float:
+    """The 'calibrated peak' of one CPU thread: the best rate of an fp32 n x n matmul (FLOP/s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # each rank runs one thread (OMP_NUM_THREADS=1)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * n ** 3 / best
+
+
+# --- inside each rank: the probe (install/report) and the driver the grader launches -------------------------
+_COUNTS: dict = {}
+
+
+def _reset_counts() -> None:
+    _COUNTS.clear()
+    _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[])
+    STEP_CLOCK.clear()
+
+
+_ALL_REDUCE = None  # torch.distributed.all_reduce as it was before install() wrapped it
+
+
+def _counting_hook(state, bucket):
+    """DDP's default reduction (divide by the world, all-reduce), counted per bucket. DDP calls its reducer's
+    collectives from C++, which no Python wrapper of torch.distributed sees; a comm hook is where they meet."""
+    import torch.distributed as dist
+
+    _COUNTS["bucket_reductions"][bucket.index()] += 1
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    future = _ALL_REDUCE(tensor, async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0])
+
+
+def install() -> None:
+    """Before the learner's import: every DDP model gets the counting hook; all_reduce and torch.save counted."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    global _ALL_REDUCE
+    _reset_counts()
+    ddp_init, all_reduce, save = DDP.__init__, dist.all_reduce, torch.save
+    _ALL_REDUCE = all_reduce
+
+    def counted_init(self, *args, **kwargs):
+        ddp_init(self, *args, **kwargs)
+        self.register_comm_hook(None, _counting_hook)
+
+    def counted_all_reduce(*args, **kwargs):
+        _COUNTS["python_all_reduce"] += 1
+        return all_reduce(*args, **kwargs)
+
+    def counted_save(obj, f, *args, **kwargs):
+        target = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", repr(f))
+        _COUNTS["saves"].append(os.path.abspath(str(target)))
+        return save(obj, f, *args, **kwargs)
+
+    DDP.__init__ = counted_init
+    dist.all_reduce = counted_all_reduce
+    torch.save = counted_save
+
+
+def report() -> dict:
+    return {"installed": bool(_COUNTS)}
+
+
+def _peak_memory_mb(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_experiments(experiments: list[dict], module: str = "train_ddp", function: str = "train") -> list[dict]:
+    """Call the learner's train(**config) once per experiment in this rank; for each, what it returned and
+    what the course saw: its wall time, the optimiser steps' end times, bucket reductions, saves, peak memory."""
+    train = getattr(importlib.import_module(module), function)
+    device = os.environ.get("INFRACOURSE_DEVICE", "cpu")
+    results = []
+    for config in experiments:
+        _reset_counts()
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        out = train(**config, device=device)
+        wall = time.perf_counter() - started
+        results.append({"out": out, "wall_s": wall, "step_ends": list(STEP_CLOCK),
+                        "bucket_reductions": dict(_COUNTS["bucket_reductions"]),
+                        "python_all_reduce": _COUNTS["python_all_reduce"], "saves": list(_COUNTS["saves"]),
+                        "peak_memory_mb": _peak_memory_mb(device)})
+    return results
+
+
+if __name__ == "__main__":  # `python -m infracourse.kit.ddp_reference`: the peak the report's MFU divides by
+    print(f"calibrated CPU peak (one thread): {calibrate_peak_flops() / 1e9:.2f} GFLOP/s")
