@@ -55,14 +55,10 @@ VARIANTS = {
     "every rank keeps the full optimizer state": ("zero1-state-sharded", {"zero1.py": FULL_STATE}),
     "fp32 gradients counted under mixed precision": ("memory-exact", {"memory_model.py": replace_once(
         '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 4, 12)')}),
-    "master weights forgotten": ("memory-exact", {"memory_model.py": replace_once(
-        '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 2, 8)')}),
     # the blocks run as usual; the checkpoint's result is what is returned, but everything was saved anyway
     "checkpointing that saves everything anyway": ("checkpoint-saves-less", {"checkpointing.py": replace_once(
         "        x = checkpoint(block, x, use_reentrant=False)\n",
         "        block(x)\n        x = checkpoint(block, x, use_reentrant=False)\n")}),
-    "FSDP on the root only": ("fsdp-matches-ddp", {"fsdp.py": replace_once(
-        "            fully_shard(layer)\n", "            pass\n")}),
     "an invented per-rank memory figure": ("report", {"report.md": invented("zero1_state_bytes_per_rank_world2", 0.5)}),
 }
 
@@ -74,5 +70,12 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 
 
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
-    assert_solution_passes(grade_lab, machine, "week13", edits={
-        name: (HONEST / name).read_text() for name in ("zero1.py", "memory_model.py", "checkpointing.py")})
+    """Sharded by whole parameters, reduce + broadcast, hand-written AdamW; a closed-form largest model;
+    checkpoint_sequential. Its world-3 ranks are less even (greedy by parameter: 592 of 1,717 elements on the
+    fullest rank), and its report gives its own figures."""
+    edits = {name: (HONEST / name).read_text() for name in ("zero1.py", "memory_model.py", "checkpointing.py")}
+    world3 = replace_once("zero1_state_bytes_per_rank_world3: 4584", "zero1_state_bytes_per_rank_world3: 4736")
+    # checkpoint_sequential runs its last segment without checkpointing: that block's insides are saved
+    saved = replace_once("saved_activation_bytes_checkpointed: 41984", "saved_activation_bytes_checkpointed: 140288")
+    edits["report.md"] = lambda text: saved(world3(text))
+    assert_solution_passes(grade_lab, machine, "week13", edits=edits)
