@@ -1,0 +1,159 @@
+"""Week 14's launches, shared by its graders.
+
+`world`: one torchrun launch of 2 ranks (gloo) runs kit.parallel_reference.grade_rank, which calls the learner's
+parallel_mlp, two_stage_step and moe_layer with inputs made from the seed; the judge computes the dense
+references itself (kit.parallel_reference) and compares. `recovery`: the learner's elastic_train.train under
+torchrun --max-restarts 1; the judge SIGKILLs rank 1 mid-run, plants a half-written checkpoint, and keeps its
+own clock of the kill, the restarted world's first step, its catch-up and its end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from infracourse.grading.torchrun import RanksRun, collect, run_ranks, start_ranks, rank_processes
+from infracourse.guard import LabCheckFailed
+
+WORLD = 2
+MICROBATCHES, TOP_K = 4, 2
+STEPS, SAVE_EVERY, STEP_SECONDS = 30, 5, 0.1
+
+
+class World:
+    """The one launch of the tensor-, pipeline- and expert-parallel experiments."""
+
+    def __init__(self, learner_dir: Path, seed: int, scratch: Path):
+        self.seed = seed
+        self.capacity = 4 + seed % 3  # 20 assignments per rank over 4 experts: some experts overflow
+        self.run = run_ranks("infracourse.kit.parallel_reference", "grade_rank", learner_dir=learner_dir,
+                             world_size=WORLD, kwargs={"seed": seed, "microbatches": MICROBATCHES, "top_k": TOP_K,
+                                                       "capacity": self.capacity},
+                             probe="infracourse.kit.dist_probes", timeout_s=90, scratch=scratch)
+
+    def results(self, name: str, what: str) -> list[dict]:
+        """Every rank's result of one experiment; fails naming the rank and the learner's traceback."""
+        if (failure := self.run.failure()) is not None:
+            raise LabCheckFailed(f"the {WORLD}-rank launch that runs your {what} failed (seed {self.seed}): "
+                                 f"{failure}")
+        per_rank = [out.get(name) if isinstance(out, dict) else None for out in self.run.outputs]
+        for rank, result in enumerate(per_rank):
+            if not isinstance(result, dict):
+                raise LabCheckFailed(f"rank {rank} returned nothing for {what} (seed {self.seed})")
+            if "error" in result:
+                if result.get("not_written"):
+                    raise NotImplementedError(f"{what} is not written yet (it raised NotImplementedError)")
+                raise LabCheckFailed(f"{what} raised on rank {rank} (seed {self.seed}):\n{result['error']}")
+        return per_rank
+
+    def calls(self, rank: int, scope: str) -> dict[str, int]:
+        probe = self.run.probes[rank] or {}
+        return dict(probe.get(scope, {}).get("calls", {}))
+
+
+@pytest.fixture(scope="session")
+def world(learner, seed, tmp_path_factory) -> World:
+    return World(learner.root, seed, tmp_path_factory.mktemp("world"))
+
+
+@dataclass
+class Recovery:
+    """What the judge saw of a run killed once and restarted by torchrun."""
+    run: RanksRun
+    seed: int
+    kill_step: int                       # rank 0 had logged this step when rank 1 was killed
+    killed_at: float = 0.0               # time.time() of the SIGKILL
+    complete_at_kill: list[int] = field(default_factory=list)  # steps whose checkpoint had DCP's .metadata
+    planted: str = ""                    # the half-written checkpoint folder the judge added
+    seen: dict[str, float] = field(default_factory=dict)      # judge-clocked: first_step, caught_up, finished
+    lines: list[dict] = field(default_factory=list)           # rank 0's step lines, in order
+    note: str = ""
+
+    def where(self) -> str:
+        return f"(seed {self.seed}, rank 1 killed after rank 0 logged step {self.kill_step})"
+
+
+def _lines(path: Path) -> list[dict]:
+    """Rank 0's step lines that parse (the last one may be half-written)."""
+    found = []
+    if path.exists():
+        for text in path.read_text().splitlines():
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and type(line.get("step")) is int and type(line.get("restart")) is int:
+                found.append(line)
+    return found
+
+
+def _complete(checkpoints: Path) -> list[int]:
+    steps = []
+    for folder in checkpoints.glob("step_*"):
+        if (folder / ".metadata").is_file() and folder.name[5:].isdigit():
+            steps.append(int(folder.name[5:]))
+    return sorted(steps)
+
+
+def _plant(checkpoints: Path, complete: list[int]) -> str:
+    """A checkpoint cut short after the newest whole one: its shards copied, no .metadata, no marker."""
+    newest = checkpoints / f"step_{complete[-1]:06d}"
+    planted = checkpoints / f"step_{complete[-1] + 2 * SAVE_EVERY:06d}"
+    planted.mkdir(exist_ok=True)
+    for shard in newest.glob("*.distcp"):
+        shutil.copyfile(shard, planted / shard.name)
+    return planted.name
+
+
+def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
+    checkpoints, logs = scratch / "checkpoints", scratch / "logs"
+    checkpoints.mkdir(), logs.mkdir()
+    kwargs = {"checkpoint_dir": str(checkpoints), "log_dir": str(logs), "seed": seed, "steps": STEPS,
+              "save_every": SAVE_EVERY, "step_seconds": STEP_SECONDS}
+    kill_step = SAVE_EVERY * (2 + seed % 3) + 2  # between two saves, after at least two of them
+    started = time.perf_counter()
+    proc = start_ranks("elastic_train", "train", learner_dir=learner_dir, world_size=WORLD, kwargs=kwargs,
+                       scratch=scratch, max_restarts=1)
+    recovery = Recovery(run=None, seed=seed, kill_step=kill_step)  # type: ignore[arg-type]
+    log = logs / "rank0.jsonl"
+    deadline = time.time() + 90
+    while time.time() < deadline and proc.poll() is None:
+        if any(line["step"] >= kill_step for line in _lines(log)):
+            victim = rank_processes(proc).get(1)
+            if victim is not None:
+                recovery.killed_at = time.time()
+                os.kill(victim, signal.SIGKILL)
+                recovery.complete_at_kill = _complete(checkpoints)
+                if recovery.complete_at_kill:
+                    recovery.planted = _plant(checkpoints, recovery.complete_at_kill)
+            break
+        time.sleep(0.005)
+    if not recovery.killed_at:
+        recovery.note = (f"the run never logged step {kill_step} in {log.name} while it ran, so no rank was "
+                         "killed")
+    # the judge's clock of the restarted world, read from rank 0's log as it grows
+    while recovery.killed_at and time.time() < deadline and proc.poll() is None:
+        lines = _lines(log)
+        reached = max((line["step"] for line in lines if line["restart"] == 0), default=kill_step)
+        fresh = [line for line in lines if line["restart"] >= 1]
+        if fresh and "first_step" not in recovery.seen:
+            recovery.seen["first_step"] = time.time()
+        if any(line["step"] >= reached for line in fresh) and "caught_up" not in recovery.seen:
+            recovery.seen["caught_up"] = time.time()
+        time.sleep(0.005)
+    recovery.run = collect(proc, scratch=scratch, world_size=WORLD, timeout_s=max(deadline - time.time(), 1),
+                           started=started)
+    recovery.seen["finished"] = time.time()
+    recovery.lines = _lines(log)
+    return recovery
+
+
+@pytest.fixture(scope="session")
+def recovery(learner, seed, tmp_path_factory) -> Recovery:
+    return kill_and_restart(learner.root, seed, tmp_path_factory.mktemp("elastic"))

@@ -1,0 +1,82 @@
+"""Week 14, pipeline parallelism: the learner's schedules read by the judge's rules (kit.parallel_reference.
+check_schedule: dependencies, one action per stage per time step, 1F1B's in-flight bound), the bubble fraction,
+and a 2-stage runner on 2 ranks whose gradients must equal one process's on the whole batch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from infracourse.guard import LabCheckFailed
+from infracourse.kit import parallel_reference as ref
+
+
+def cases(seed: int) -> list[tuple[int, int]]:
+    return [(2, 4), (4, 8), (3, 2), (4, 1), (2 + seed % 3, 5 + seed % 4)]
+
+
+@pytest.mark.check("pipeline-bubble")
+def test_bubble_fraction(learner, seed):
+    pipeline = learner.module("pipeline")
+    for p, m in cases(seed):
+        got = pipeline.bubble_fraction(p, m)
+        want = ref.bubble_fraction(p, m)
+        if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+            raise LabCheckFailed(
+                f"bubble_fraction({p}, {m}) returned {got!r}, expected (p-1)/(m+p-1) = {want:.4f}: with p stages "
+                f"and m microbatches each stage is busy for m forward and m backward time steps of a schedule "
+                f"2(m+p-1) long (the p-1 steps of filling and of draining are idle)")
+
+
+def _require_schedule(pipeline, name: str, p: int, m: int, max_in_flight: int | None, seed: int) -> dict:
+    schedule = getattr(pipeline, name)(p, m)
+    seen = ref.check_schedule(schedule, p, m, max_in_flight)
+    where = f"{name}({p}, {m}), seed {seed}"
+    if seen["errors"]:
+        raise LabCheckFailed(f"{where}: {seen['errors'][0]}" + (f" (and {len(seen['errors']) - 1} more problems)"
+                                                                   if len(seen["errors"]) > 1 else ""))
+    want = ref.bubble_fraction(p, m)
+    if not math.isclose(seen["bubble"], want, abs_tol=1e-9):
+        raise LabCheckFailed(f"{where}: the schedule takes {seen['length']} time steps, so each stage idles "
+                             f"{seen['bubble']:.4f} of the time; a tight schedule takes 2(m+p-1) = {2 * (m + p - 1)}"
+                             f" steps (bubble {want:.4f}): start each action as soon as what it needs is done")
+    return seen
+
+
+@pytest.mark.check("pipeline-gpipe")
+def test_gpipe(learner, seed):
+    pipeline = learner.module("pipeline")
+    for p, m in cases(seed):
+        _require_schedule(pipeline, "gpipe_schedule", p, m, None, seed)
+
+
+@pytest.mark.check("pipeline-1f1b")
+def test_one_f_one_b(learner, seed):
+    pipeline = learner.module("pipeline")
+    for p, m in cases(seed):
+        _require_schedule(pipeline, "one_f_one_b_schedule", p, m, p, seed)
+
+
+@pytest.mark.check("pipeline-two-stage")
+def test_two_stage(world):
+    per_rank = world.results("two_stage", "two_stage_step (pipeline.py)")
+    dense = ref.two_stage_reference(ref.two_stage_weights(world.seed))
+    where = f"(batch 8 in {4} microbatches, 2 ranks, seed {world.seed})"
+    loss = per_rank[1]["loss"]
+    if loss is None or loss.numel() != 1 or not torch.allclose(loss.reshape(()), dense["loss"], rtol=1e-9):
+        raise LabCheckFailed(f"rank 1's loss is {None if loss is None else loss.tolist()}, expected the whole "
+                             f"batch's mean squared error {dense['loss'].item():.6f} {where}")
+    for rank in range(2):
+        for name, key in (("weight", f"w{rank}"), ("bias", f"b{rank}")):
+            got, want = per_rank[rank][f"grad_{name[0]}"], dense[key]
+            if got is None:
+                raise LabCheckFailed(f"stage {rank}'s {name}.grad is None after two_stage_step {where}: run the "
+                                     "backward of every microbatch through this stage")
+            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-9, atol=1e-12):
+                ratio = (got.norm() / want.norm()).item() if got.shape == want.shape else float("nan")
+                hint = (f" It is {ratio:.3g}x the single-process gradient: the whole batch's mean is the mean of the "
+                        f"microbatches' means, so each microbatch's loss is divided by m before its backward."
+                        if math.isfinite(ratio) and abs(ratio - 1) > 0.01 else "")
+                raise LabCheckFailed(f"stage {rank}'s {name}.grad differs from one process's gradient on the whole "
+                                     f"batch {where}.{hint}")

@@ -1,0 +1,99 @@
+"""Week 14, recovery: the learner's elastic_train.train on 2 ranks under torchrun --max-restarts 1. The judge
+SIGKILLs rank 1 between two checkpoints, adds a checkpoint cut short (shards without DCP's .metadata) after the
+newest whole one, and keeps its own clock; the final parameters must equal the judge's uninterrupted run
+(kit.parallel_reference.elastic_reference), the restarted world must resume from the newest whole checkpoint
+and redo only the steps after it, and the times the learner reports must fit the judge's clock."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import STEPS
+from infracourse.guard import LabCheckFailed
+from infracourse.kit import parallel_reference as ref
+
+SLACK_S = 0.5  # the judge polls the log every 5 ms; a loaded machine delays its reading
+
+
+def _finished(recovery) -> list[dict]:
+    if recovery.note:
+        raise LabCheckFailed(f"{recovery.note} {recovery.where()}: append one JSON line per finished step to "
+                             "log_dir/rank{rank}.jsonl ({\"restart\", \"step\", \"time\"}) and flush it")
+    if (failure := recovery.run.failure()) is not None:
+        if "NotImplementedError" in failure:
+            raise NotImplementedError("elastic_train.train is not written yet")
+        raise LabCheckFailed(
+            f"the run killed and restarted by torchrun did not finish {recovery.where()}: {failure}\nThe grader "
+            f"had left {recovery.planted or 'no'} (shards without .metadata, a save cut short): is it what your "
+            "restart tried to load? Load only the newest checkpoint whose save completed.")
+    outs = recovery.run.outputs
+    for rank, out in enumerate(outs):
+        if not isinstance(out, dict) or out.get("restart") != 1:
+            raise LabCheckFailed(f"rank {rank}'s result says restart {out.get('restart') if isinstance(out, dict) else out!r}"
+                                 f"; the run that finishes is torchrun's first restart (TORCHELASTIC_RESTART_COUNT=1) "
+                                 f"{recovery.where()}")
+    return outs
+
+
+@pytest.mark.check("recovery-params")
+def test_params(recovery):
+    outs = _finished(recovery)
+    want = ref.elastic_reference(recovery.seed, STEPS, 2)
+    for rank, out in enumerate(outs):
+        for name, value in want.items():
+            got = out.get("params", {}).get(name)
+            if got is None or got.shape != value.shape or not torch.allclose(got, value, rtol=1e-5, atol=1e-6):
+                raise LabCheckFailed(f"rank {rank}: {name} after {STEPS} steps differs from the uninterrupted run's "
+                                     f"{recovery.where()}: a checkpoint must hold the weights and the momentum "
+                                     "buffers and the step, and the run must continue with the step after it")
+
+
+@pytest.mark.check("recovery-resume")
+def test_resume(recovery):
+    outs = _finished(recovery)
+    whole = recovery.complete_at_kill
+    if not whole:
+        raise LabCheckFailed(f"no checkpoint had been completed (a step_NNNNNN folder with DCP's .metadata) when rank "
+                             f"1 was killed {recovery.where()}: save every save_every steps with "
+                             "torch.distributed.checkpoint.save into checkpoint_dir/step_{step:06d}")
+    resumed = outs[0].get("resumed_from")
+    if resumed != whole[-1]:
+        raise LabCheckFailed(f"the restarted run reports it resumed from step {resumed!r}; the newest complete "
+                             f"checkpoint when rank 1 died was step {whole[-1]} {recovery.where()}")
+    before = [line["step"] for line in recovery.lines if line["restart"] == 0]
+    after = [line["step"] for line in recovery.lines if line["restart"] == 1]
+    if after != list(range(whole[-1] + 1, STEPS + 1)):
+        shown = f"{after[:3]} ... {after[-2:]}" if len(after) > 6 else str(after)
+        raise LabCheckFailed(f"after the restart rank 0 logged steps {shown}; resuming from step {whole[-1]}, it "
+                             f"runs steps {whole[-1] + 1}..{STEPS} once each {recovery.where()}")
+    lost = max(before, default=0) - whole[-1]
+    if outs[0].get("lost_steps") != lost:
+        raise LabCheckFailed(f"the run reports {outs[0].get('lost_steps')!r} steps redone; rank 0 had logged step "
+                             f"{max(before, default=0)} before the kill and resumed from {whole[-1]}: {lost} "
+                             f"{recovery.where()}")
+
+
+@pytest.mark.check("recovery-times")
+def test_times(recovery, record):
+    out = _finished(recovery)[0]
+    seen, killed = recovery.seen, recovery.killed_at
+    times = {k: out.get(k) for k in ("started_at", "loaded_at", "caught_up_at", "finished_at")}
+    if not all(isinstance(v, float) for v in times.values()):
+        raise LabCheckFailed(f"the result's times are {times}; report each as time.time() seconds")
+    bounds = [("started_at", killed, seen.get("first_step", seen["finished"]) + SLACK_S,
+               "the restarted rank's start: after the kill, before its first step line"),
+              ("loaded_at", times["started_at"], seen.get("first_step", seen["finished"]) + SLACK_S,
+               "the end of the reload: after the start, before the first step"),
+              ("caught_up_at", times["loaded_at"], seen.get("caught_up", seen["finished"]) + SLACK_S,
+               "the time the killed step was done again: after the reload, when its line was written"),
+              ("finished_at", times["caught_up_at"], seen["finished"] + SLACK_S,
+               "the end of train(): before the process exited")]
+    for name, low, high, meaning in bounds:
+        if not low <= times[name] <= high:
+            raise LabCheckFailed(f"{name} is {times[name] - killed:+.3f} s from the kill; the grader's clock puts "
+                                 f"{meaning} between {low - killed:+.3f} and {high - killed:+.3f} s "
+                                 f"{recovery.where()}")
+    record("detection and restart", times["started_at"] - killed, unit="s")
+    record("reload", times["loaded_at"] - times["started_at"], unit="s")
+    record("catch-up", times["caught_up_at"] - times["loaded_at"], unit="s")
+    record("recovery (grader)", seen.get("caught_up", times["caught_up_at"]) - killed, unit="s")
