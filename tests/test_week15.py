@@ -1,0 +1,58 @@
+"""Week 15 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
+its check, and an honest solution in another style (a cache grown with torch.cat, tests/fixtures/week15-honest)
+passes."""
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
+
+pytestmark = pytest.mark.slow
+
+HONEST = Path(__file__).parent / "fixtures" / "week15-honest"
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week15")
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week15", source="starter", stamp=False)
+    assert not result.complete
+    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    assert "prefill the prompt" in checks["cached-tokens"].message
+    assert "from the configuration" in checks["kv-bytes-formula"].message
+
+
+VARIANTS = {
+    # decode embeds every new token at position 0
+    "cache that forgets the position offset": ("cached-tokens", {"kv_cache.py": replace_once(
+        "x = model.embed(ids, cache.length)", "x = model.embed(ids, 0 if ids.shape[1] == 1 else cache.length)")}),
+    # each decode step runs the whole sequence again into a fresh cache: right tokens, no saving
+    "cache that re-runs the full sequence": ("decode-speedup", {"kv_cache.py": replace_once(
+        "logits = forward(model, torch.tensor([[token]], device=device), cache)  # decode",
+        "ids = torch.cat([ids, torch.tensor([[token]], device=device)], 1)\n"
+        "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device)\n"
+        "            logits = forward(model, ids, cache)")}),
+    "kv_bytes that ignores grouped KV heads": ("kv-bytes-formula", {"kv_cache.py": replace_once(
+        "2 * config.n_layer * config.kv_heads * config.head_dim", "2 * config.n_layer * config.n_head * config.head_dim")}),
+    "invented decode time in the report": ("report", {"report.md": invented("decode_ms_per_token", 10.0)}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    assert_variant_fails(grade_lab, "week15", check_id, edits)
+
+
+def test_report_in_other_words_passes(grade_lab):
+    _, checks = grade_lab("week15", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week15",
+                           edits={"kv_cache.py": (HONEST / "kv_cache.py").read_text()})
