@@ -22,6 +22,9 @@ TIMED = [4 * kit.KIB, 64 * kit.KIB, 1 * MIB, 2 * MIB, 4 * MIB]  # the grader's r
 BANDWIDTH_BOUND = [1 * MIB, 2 * MIB, 4 * MIB]                  # compared with sweep.csv
 SWEEP = [2 ** k for k in range(10, 23)]                        # 1 KiB .. 4 MiB: what sweep.csv must hold
 SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 5, 3.0
+PRECISION_OR_OFFSETS = ("Whole elements wrong (or missing) point at block offsets for sizes not divisible by the "
+                        "world; small errors on every element at lost precision: add in the tensor's own dtype and "
+                        "never send a lower-precision copy of a partial sum")
 FUNCTIONS = {"reduce_scatter": "ring_reduce_scatter", "all_gather": "ring_all_gather",
              "all_reduce": "ring_all_reduce", "broadcast": "broadcast"}
 
@@ -130,7 +133,7 @@ def test_reduce_scatter(launches):
                     f"ring_reduce_scatter: the ranks' blocks, concatenated in rank order (lengths "
                     f"{[o.numel() for o in outs]}), are not the sum of the inputs {launch.where(index)}: {problem}. "
                     "Rank r must return block r of the sum; the blocks must cover the tensor contiguously, in rank "
-                    "order, including the last n % world elements and empty blocks when n < world")
+                    f"order, including the last n % world elements and empty blocks when n < world. {PRECISION_OR_OFFSETS}")
 
 
 @pytest.mark.check("all-gather")
@@ -157,7 +160,7 @@ def test_all_reduce(launches):
             for rank, out in enumerate(outs):
                 if (problem := _within_bound(out, inputs, case["dtype"])) is not None:
                     raise LabCheckFailed(f"ring_all_reduce's result is not the sum {launch.where(index, rank)}: "
-                                         f"{problem}. Check the block offsets for sizes not divisible by the world")
+                                         f"{problem}. {PRECISION_OR_OFFSETS}")
             for rank, out in enumerate(outs[1:], start=1):
                 if not torch.equal(out, outs[0]):
                     raise LabCheckFailed(
