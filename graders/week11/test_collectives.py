@@ -275,32 +275,44 @@ def test_sweep_csv(learner, record):
     record("sizes in sweep.csv", len(by_size))
 
 
-@pytest.fixture(scope="module")
-def remeasure(launches):
+def _remeasured_samples(launches) -> dict[int, list[float]]:
     two = launches[1]
     two.require_ran()
     if not two.run.outputs[0]["timings"]:
         raise LabCheckFailed("the grader could not time ring_all_reduce: it raised in the correctness cases; make "
                              "the all-reduce check pass first")
-    return {int(s): statistics.median(ts) for s, ts in two.run.outputs[0]["timings"].items()}
+    return {int(s): list(ts) for s, ts in two.run.outputs[0]["timings"].items()}
+
+
+@pytest.fixture(scope="module")
+def remeasure(launches):
+    return {s: statistics.median(ts) for s, ts in _remeasured_samples(launches).items()}
 
 
 @pytest.mark.check("sweep-remeasured")
-def test_sweep_remeasured(learner, remeasure, record):
-    points = kit.medians([r["bytes"] for r in _sweep(learner)], [r["seconds"] for r in _sweep(learner)])
-    yours = sum(points[s] for s in BANDWIDTH_BOUND)
-    ours = sum(remeasure[s] for s in BANDWIDTH_BOUND)
+def test_sweep_remeasured(learner, launches, remeasure, record):
+    rows = _sweep(learner)
+    points = kit.medians([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+    fastest = {s: min(r["seconds"] for r in rows if r["bytes"] == s) for s in BANDWIDTH_BOUND}
+    ours_fastest = {s: min(ts) for s, ts in _remeasured_samples(launches).items()}
     for s in BANDWIDTH_BOUND:
         record(f"all-reduce {s // MIB} MiB", points[s] * 1e3, target=remeasure[s] * 1e3, unit="ms", bytes=s)
-    ratio = max(yours / ours, ours / yours)
+    # medians against medians, and fastest call against fastest call (load on a shared machine slows the
+    # typical call more than the fastest): the closer of the two must be within the factor
+    ratios = []
+    for yours_by_size, ours_by_size in ((points, remeasure), (fastest, ours_fastest)):
+        yours, ours = (sum(d[s] for s in BANDWIDTH_BOUND) for d in (yours_by_size, ours_by_size))
+        ratios.append((max(yours / ours, ours / yours), yours, ours))
+    ratio, yours, ours = min(ratios)
     if ratio > REMEASURE_FACTOR:
         detail = ", ".join(f"{s // MIB} MiB: yours {points[s] * 1e3:.2f} ms, grader {remeasure[s] * 1e3:.2f} ms"
                            for s in BANDWIDTH_BOUND)
         raise LabCheckFailed(
-            f"sweep.csv's median times at the bandwidth-bound sizes add up to {yours * 1e3:.2f} ms; the grader's "
-            f"own timing of your ring_all_reduce on {SWEEP_WORLD} CPU ranks adds up to {ours * 1e3:.2f} ms "
-            f"({detail}), {ratio:.1f}x apart (allowed {REMEASURE_FACTOR:g}x for load). Re-run sweep.py on this "
-            "machine with the collectives.py you submit, and submit the CSV it writes unchanged")
+            f"sweep.csv's median times at the bandwidth-bound sizes add up to {ratios[0][1] * 1e3:.2f} ms; the "
+            f"grader's own timing of your ring_all_reduce on {SWEEP_WORLD} CPU ranks adds up to "
+            f"{ratios[0][2] * 1e3:.2f} ms ({detail}); even the fastest calls are {ratio:.1f}x apart (allowed "
+            f"{REMEASURE_FACTOR:g}x for load). Re-run sweep.py on this machine with the collectives.py you submit, "
+            "and submit the CSV it writes unchanged")
 
 
 @pytest.mark.check("cost-model")
