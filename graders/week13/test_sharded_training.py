@@ -53,7 +53,7 @@ def results(launches, name: str, world: int, seed: int) -> list[dict]:
             unwritten = "NotImplementedError" in part["error"]
             raise LabCheckFailed(
                 f"{'not written yet: ' if unwritten else ''}rank {rank} of world {world} raised in the {name} "
-                f"experiment (seed {seed}):\n{part['error'][-1500:]}")
+                f"experiment (seed {seed}):\n{part['error'][-1200:]}")
         found.append(part)
     return found
 

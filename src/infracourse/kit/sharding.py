@@ -135,12 +135,20 @@ def checkpoint_inputs(seed: int) -> tuple[BlockStack, torch.Tensor]:
 
 def saved_bytes(forward, model: nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
     """Bytes of the distinct storages autograd saves for backward during `forward(model, x)` (counted by the
-    course's saved_tensors_hooks), then the output and the gradients of a fixed loss."""
+    course's saved_tensors_hooks; the model's own parameters left out), then the output and the gradients of a
+    fixed loss."""
     seen: dict[int, int] = {}
+    held: list[torch.Tensor] = []  # every packed tensor kept alive until counted: a freed storage's address
+    #                                could be handed to the next allocation and be counted once for two
+
+    weights = _storages(model.parameters())  # the parameters autograd saves are not activations
 
     def pack(t):
         storage = t.untyped_storage()
+        if storage.data_ptr() in weights:
+            return t
         seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        held.append(t.detach())
         return t
 
     model.zero_grad(set_to_none=True)
@@ -148,6 +156,7 @@ def saved_bytes(forward, model: nn.Module, x: torch.Tensor) -> tuple[int, torch.
         out = forward(model, x)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"the forward returned {type(out).__name__}, expected a tensor")
+    held.clear()
     out.square().mean().backward()
     grads = {n: p.grad.detach().clone() if p.grad is not None else torch.full_like(p, float("nan"))
              for n, p in model.named_parameters()}
