@@ -48,7 +48,7 @@ class World:
                 raise LabCheckFailed(f"rank {rank} returned nothing for {what} (seed {self.seed})")
             if "error" in result:
                 if result.get("not_written"):
-                    raise NotImplementedError(f"{what} is not written yet (it raised NotImplementedError)")
+                    raise LabCheckFailed(f"{what} is not written yet: it raised NotImplementedError on rank {rank}")
                 raise LabCheckFailed(f"{what} raised on rank {rank} (seed {self.seed}):\n{result['error']}")
         return per_rank
 

@@ -63,10 +63,12 @@ def test_two_stage(world):
     per_rank = world.results("two_stage", "two_stage_step (pipeline.py)")
     dense = ref.two_stage_reference(ref.two_stage_weights(world.seed))
     where = f"(batch 8 in {4} microbatches, 2 ranks, seed {world.seed})"
+    scaling = ("the whole batch's mean is the mean of the microbatches' means, so each microbatch's loss is "
+               "divided by m before its backward")
     loss = per_rank[1]["loss"]
     if loss is None or loss.numel() != 1 or not torch.allclose(loss.reshape(()), dense["loss"], rtol=1e-9):
         raise LabCheckFailed(f"rank 1's loss is {None if loss is None else loss.tolist()}, expected the whole "
-                             f"batch's mean squared error {dense['loss'].item():.6f} {where}")
+                             f"batch's mean squared error {dense['loss'].item():.6f} {where}: {scaling}")
     for rank in range(2):
         for name, key in (("weight", f"w{rank}"), ("bias", f"b{rank}")):
             got, want = per_rank[rank][f"grad_{name[0]}"], dense[key]
@@ -75,8 +77,7 @@ def test_two_stage(world):
                                      "backward of every microbatch through this stage")
             if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-9, atol=1e-12):
                 ratio = (got.norm() / want.norm()).item() if got.shape == want.shape else float("nan")
-                hint = (f" It is {ratio:.3g}x the single-process gradient: the whole batch's mean is the mean of the "
-                        f"microbatches' means, so each microbatch's loss is divided by m before its backward."
+                hint = (f" It is {ratio:.3g}x the single-process gradient: {scaling}."
                         if math.isfinite(ratio) and abs(ratio - 1) > 0.01 else "")
                 raise LabCheckFailed(f"stage {rank}'s {name}.grad differs from one process's gradient on the whole "
                                      f"batch {where}.{hint}")

@@ -16,16 +16,17 @@ SLACK_S = 0.5  # the judge polls the log every 5 ms; a loaded machine delays its
 
 
 def _finished(recovery) -> list[dict]:
+    if "NotImplementedError" in (recovery.run.failure() or ""):
+        raise LabCheckFailed("elastic_train.train is not written yet: it raised NotImplementedError")
     if recovery.note:
         raise LabCheckFailed(f"{recovery.note} {recovery.where()}: append one JSON line per finished step to "
                              "log_dir/rank{rank}.jsonl ({\"restart\", \"step\", \"time\"}) and flush it")
     if (failure := recovery.run.failure()) is not None:
-        if "NotImplementedError" in failure:
-            raise NotImplementedError("elastic_train.train is not written yet")
         raise LabCheckFailed(
             f"the run killed and restarted by torchrun did not finish {recovery.where()}: {failure}\nThe grader "
-            f"had left {recovery.planted or 'no'} (shards without .metadata, a save cut short): is it what your "
-            "restart tried to load? Load only the newest checkpoint whose save completed.")
+            f"had left a half-written checkpoint, {recovery.planted or '(none yet)'} (shards without .metadata, as "
+            "a save cut short leaves them): is it what your restart tried to load? Load only the newest "
+            "checkpoint whose save completed.")
     outs = recovery.run.outputs
     for rank, out in enumerate(outs):
         if not isinstance(out, dict) or out.get("restart") != 1:
