@@ -12,8 +12,8 @@ from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.threads import intra_op_threads
 
 # The timed workload (fixed, so the report's figures can be compared with this grade's measurement).
-TIMING_CFG = GPTConfig(vocab_size=256, seq_len=320, d_model=128, n_head=8, n_kv_head=2, n_layer=4)
-TIMING_PROMPT, TIMING_NEW = 256, 16
+TIMING_CFG = GPTConfig(vocab_size=256, seq_len=400, d_model=128, n_head=8, n_kv_head=2, n_layer=4)
+TIMING_PROMPT, TIMING_NEW = 384, 16
 
 
 def seeded_config(seed: int) -> GPTConfig:
@@ -60,3 +60,14 @@ def call_generate(kv, model, prompt: list[int], n: int, what: str):
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise LabCheckFailed(f"{what}: logits must be a ({n}, vocab 256) tensor, one row per new token, got {shape}")
     return tokens, logits, cache
+
+
+def follows_greedy(local, prompt: list[int], tokens: list[int]) -> bool:
+    """Whether `tokens` are the greedy continuation of `prompt`: one teacher-forced forward pass of the kit model
+    over prompt + tokens, each token the argmax at the position before it (what greedy generation computes)."""
+    if not isinstance(tokens, list) or not tokens or not all(type(t) is int for t in tokens):
+        return False
+    ids = torch.tensor([prompt + tokens[:-1]])
+    with torch.no_grad():
+        best = local(ids)[0, len(prompt) - 1:].float().argmax(-1).tolist()
+    return best == tokens
