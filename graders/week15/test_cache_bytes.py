@@ -47,16 +47,33 @@ def test_formula(kv, seed):
                 f"bytes per element.{hint}")
 
 
+@torch.no_grad()
+def _require_cached_values(local, ids, tensors, length, dtype, what):
+    """The tensors hold the keys and values the full sequence computes, layer by layer (no stand-ins)."""
+    x = local.embed(torch.tensor([ids[:length]]))
+    rtol, atol = (1e-4, 1e-4) if dtype == torch.float32 else (3e-2, 3e-2)
+    for layer, block in enumerate(local.blocks):
+        _, k, v = block.attn.qkv_heads(block.norm1(x))
+        for name, want, got in (("K", k, tensors[2 * layer]), ("V", v, tensors[2 * layer + 1])):
+            if not torch.allclose(got.float(), want.float(), rtol=rtol, atol=atol):
+                err = (got.float() - want.float()).abs().max().item()
+                raise LabCheckFailed(f"{what}: tensors()[{2 * layer + (name == 'V')}] should be layer {layer}'s {name} "
+                                     f"for the {length} cached tokens, in the order [K0, V0, K1, V1, ...]; it differs "
+                                     f"from the full sequence's by up to {err:.2e}")
+        x = x + block.attn(block.norm1(x))
+        x = x + block.mlp(block.norm2(x))
+
+
 @pytest.mark.check("cache-bytes")
 def test_cache_real_size(kv, learner, seed, record):
     cases = [(seeded_config(seed), torch.float32, 20, 9), (seeded_config(seed + 7), torch.bfloat16, 13, 6),
              (TIMING_CFG, torch.float32, TIMING_PROMPT, TIMING_NEW)]
     for cfg, dtype, p, n in cases:
-        _, remote = models(learner, cfg, seed, dtype)
+        local, remote = models(learner, cfg, seed, dtype)
         prompt = seeded_prompts(1, cfg.vocab_size, p, p, seed=seed)[0]
         what = (f"seed {seed}, {cfg.n_layer} layers, {cfg.kv_heads} KV heads of head_dim {cfg.head_dim}, {dtype}, a "
                 f"prompt of {p} tokens and {n} new")
-        _, _, cache = call_generate(kv, remote, prompt, n, what)
+        tokens, _, cache = call_generate(kv, remote, prompt, n, what)
         tensors = cache.tensors()
         if not isinstance(tensors, list) or not all(isinstance(t, torch.Tensor) for t in tensors):
             raise LabCheckFailed(f"{what}: cache.tensors() must return a list of tensors, got {tensors!r:.200}")
@@ -75,6 +92,7 @@ def test_cache_real_size(kv, learner, seed, record):
                                  f"and the new tokens fed back: {p + n - 1} (or {p + n} if the last is fed too)")
         if any(t.dtype != dtype for t in tensors):
             raise LabCheckFailed(f"{what}: the cache is {tensors[0].dtype}; keep it in the model's dtype {dtype}")
+        _require_cached_values(local, prompt + tokens, tensors, length, dtype, what)
         real = sum(t.numel() * t.element_size() for t in tensors)
         if any(t.untyped_storage().nbytes() < t.numel() * t.element_size() for t in tensors):
             raise LabCheckFailed(f"{what}: a cache tensor's storage is smaller than the tensor (expanded views?)")
