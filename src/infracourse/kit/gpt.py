@@ -64,7 +64,8 @@ class CausalSelfAttention(nn.Module):
         """(B, T, C) -> q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim)."""
         B, T, C = x.shape
         kv = self.n_kv_head * self.head_dim
-        q, k, v = self.qkv(x).split((C, kv, kv), dim=2)
+        # an even split when there is no grouping: the same aten op as the weeks 4-6 model (week 6's traces)
+        q, k, v = self.qkv(x).split(C, dim=2) if kv == C else self.qkv(x).split((C, kv, kv), dim=2)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))
         return q, k, v
