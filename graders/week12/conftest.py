@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ KIT = "infracourse.kit.ddp_reference"
 STEPS, PER_RANK, SAMPLES = 6, 4, 72          # the equivalence runs: global batch 24, 3 steps an epoch, 2 epochs
 GLOBAL_BATCH = 24
 TINY_BUCKET_MB = 0.01                        # ~10 KB buckets: the MLP's gradients split into several
-TIMED_STEPS, TIMED_SAMPLES = 12, 6144        # the scaling runs: per-rank 256 (weak) and global 512 (strong)
+TIMED_STEPS, TIMED_SAMPLES = 40, 20480       # the scaling runs: per-rank 256 (weak) and global 512 (strong)
 WEAK_PER_RANK, STRONG_GLOBAL = 256, 512
 
 
@@ -100,13 +99,19 @@ def reference(launches) -> tuple[dict, list[float]]:
     return ref.reference_train(STEPS, GLOBAL_BATCH, SAMPLES, launches.seed)
 
 
-def course_step_s(result: dict) -> float:
-    """The course's clock of one rank's run: the median time between the ends of consecutive optimiser steps."""
+def step_gaps(result: dict) -> list[float]:
+    """The course's clock of one rank's run: the times between the ends of consecutive optimiser steps."""
     ends = result["step_ends"]
     if len(ends) < 3:
         raise LabCheckFailed(f"the course saw {len(ends)} optimiser steps in a timed run of {TIMED_STEPS}: use "
                              "the kit's make_optimizer and call its step() once per optimiser step")
-    return median(b - a for a, b in zip(ends, ends[1:]))
+    return sorted(b - a for a, b in zip(ends, ends[1:]))
+
+
+def course_step_s(result: dict) -> float:
+    """The fastest step of the run: on a shared machine other processes only ever add time to a step, so the
+    least disturbed one is what this configuration costs (and it is what agrees from one grade to the next)."""
+    return step_gaps(result)[0]
 
 
 ATOL, RTOL = 1e-5, 1e-4  # float32: the pieces of a global batch are summed in another order
