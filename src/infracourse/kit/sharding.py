@@ -174,9 +174,19 @@ _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType
            types.MethodWrapperType, types.WrapperDescriptorType)
 
 
-def held_tensor_bytes(roots: list, skip_storages: set[int], limit: int = 200_000) -> int:
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def held_tensor_bytes(roots: list, skip_storages: set[int], own_modules: tuple[str, ...] = (),
+                      limit: int = 200_000) -> int:
     """Bytes of the distinct tensor storages reachable from `roots` (through attributes, containers, bound
-    methods; not through modules, classes or functions), leaving out `skip_storages`."""
+    methods, closures, and the classes of `own_modules`; not through modules, other classes or a function's
+    globals), leaving out `skip_storages`."""
     stack, visited, found = list(roots), set(), {}
     while stack and len(visited) < limit:
         obj = stack.pop()
@@ -190,6 +200,14 @@ def held_tensor_bytes(roots: list, skip_storages: set[int], limit: int = 200_000
                 found[key] = max(found.get(key, 0), storage.nbytes())
             if obj.grad is not None:
                 stack.append(obj.grad)
+            continue
+        if isinstance(obj, types.FunctionType):  # a closure's cells and defaults, not the module it came from
+            stack.extend(c.cell_contents for c in obj.__closure__ or () if _filled(c))
+            stack.extend((obj.__defaults__ or ()) + tuple((obj.__kwdefaults__ or {}).values()))
+            continue
+        if isinstance(obj, type):  # class attributes of the learner's own classes, not torch's
+            if obj.__module__ in own_modules:
+                stack.extend(vars(obj).values())
             continue
         if isinstance(obj, _OPAQUE):
             continue
@@ -220,7 +238,7 @@ def _zero1(seed: int, module: str) -> dict:
         opt.step()
         if step == ZERO_STEPS - 1:  # what the optimiser keeps, besides the model's own parameters and gradients
             skip = _storages(params) | _storages(p.grad for p in params)
-            state_bytes = held_tensor_bytes([opt, vars(learner)], skip)
+            state_bytes = held_tensor_bytes([opt, vars(learner)], skip, own_modules=(learner.__name__,))
         opt.zero_grad()
     return {"params": flat_params(model), "state_bytes": state_bytes, "world": world}
 
