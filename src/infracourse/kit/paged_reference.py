@@ -29,7 +29,7 @@ REQUIRED_STAGES = ("entry", "scheduler", "cache", "model", "output")
 
 def contiguous_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd)) v per sequence over all its cached keys (a decode step: the query is the
-    newest token, so no causal mask is needed). Computed in fp32; returns q's dtype, (B, n_head, hd)."""
+    newest token, so no causal mask is needed). Computed and returned in fp32, (B, n_head, hd)."""
     B, H, hd = q.shape
     out = torch.empty(B, H, hd, dtype=torch.float32)
     for b in range(B):
@@ -38,7 +38,7 @@ def contiguous_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # (H, L, hd)
         scores = torch.einsum("hd,hld->hl", q[b].float(), k) / math.sqrt(hd)
         out[b] = torch.einsum("hl,hld->hd", scores.softmax(-1), v)
-    return out.to(q.dtype)
+    return out
 
 
 def state_violations(state, num_blocks: int, *, shared_allowed: bool) -> list[str]:

@@ -1,0 +1,64 @@
+"""Week 16 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
+its check, and an honest solution in another style (timestamps and a heap for LRU, a per-sequence loop of
+index_select for attention: tests/fixtures/week16-honest) passes."""
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes, assert_variant_fails
+from reportproof import invented, reworded
+
+pytestmark = pytest.mark.slow
+
+HONEST = Path(__file__).parent / "fixtures" / "week16-honest"
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week16")
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week16", source="starter", stamp=False)
+    assert not result.complete
+    assert all(c.status in ("failed", "blocked") for c in checks.values()), \
+        {c.id: (c.status, c.message) for c in checks.values()}
+    assert "allocate" in checks["allocator-invariants"].message
+    assert "block table" in checks["paged-attention"].message
+    assert "at least" in checks["engine-trace"].message
+
+
+VARIANTS = {
+    # free forgets the sequence's last block: it is neither free nor held by anyone
+    "allocator that leaks on free": ("allocator-invariants", {"paged.py": replace_once(
+        "for block in reversed(self.tables.pop(seq_id)):", "for block in reversed(self.tables.pop(seq_id)[:-1]):")}),
+    # a new block is taken without leaving the free list: two sequences can end up owning it
+    "double allocation": ("allocator-invariants", {"paged.py": replace_once(
+        "block = self.plain.pop()", "block = self.plain[-1]")}),
+    "prefix hash that ignores the previous block": ("prefix-cache", {"paged.py": replace_once(
+        "prev = hash((prev, tuple(token_ids[i * bs:(i + 1) * bs])))", "prev = hash(tuple(token_ids[i * bs:(i + 1) * bs]))")}),
+    # evicts the unreferenced block cached first (block_hash keeps the order of caching), whatever its last use
+    "FIFO eviction instead of LRU": ("prefix-cache", {"paged.py": replace_once(
+        "block, _ = self.evictable.popitem(last=False)",
+        "block = next(b for b in self.block_hash if b in self.evictable)\n            del self.evictable[block]")}),
+    "attention that reads one slot past the end": ("paged-attention", {"paged.py": replace_once(
+        "valid = pos[None, :] < context_lens[:, None]", "valid = pos[None, :] <= context_lens[:, None]")}),
+    "invented cached-token figure in the report": ("report", {"report.md": invented("cached_tokens", 1.5)}),
+    "trace naming a function the file does not define": ("engine-trace", {"trace.yaml": replace_once(
+        "function: KVCacheManager.allocate_slots", "function: KVCacheManager.allocate_blocks")}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    assert_variant_fails(grade_lab, "week16", check_id, edits)
+
+
+def test_report_in_other_words_passes(grade_lab):
+    _, checks = grade_lab("week16", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week16", edits={"paged.py": (HONEST / "paged.py").read_text()})
