@@ -133,7 +133,8 @@ def test_reduce_scatter(launches):
                     f"ring_reduce_scatter: the ranks' blocks, concatenated in rank order (lengths "
                     f"{[o.numel() for o in outs]}), are not the sum of the inputs {launch.where(index)}: {problem}. "
                     "Rank r must return block r of the sum; the blocks must cover the tensor contiguously, in rank "
-                    f"order, including the last n % world elements and empty blocks when n < world. {PRECISION_OR_OFFSETS}")
+                    "order, including the last n % world elements and empty blocks when n < world. "
+                    f"{PRECISION_OR_OFFSETS}")
 
 
 @pytest.mark.check("all-gather")
