@@ -23,6 +23,23 @@ def _save(out: Path, rank: int, record: dict) -> None:
     os.replace(tmp, out / f"rank{rank}.pt")
 
 
+def _restart_store() -> dict:
+    """After torchrun restarted the world (--max-restarts), the process group's keys under a prefix of this
+    restart: on torchrun's shared store the new ranks could otherwise read the killed world's addresses (the
+    same keys) and fail to connect, at random. A first start is left to init_process_group's own env://."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                           timeout=timedelta(minutes=5))
+    return {"store": dist.PrefixStore(f"restart{restart}", shared), "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}
+
+
 def main(argv: list[str]) -> int:
     learner_dir, module, function, args_file, out, probe_name = argv
     import torch
@@ -31,12 +48,13 @@ def main(argv: list[str]) -> int:
     out = Path(out)
     rank = int(os.environ["RANK"])
     device = os.environ.get("INFRACOURSE_DEVICE", "cpu")
+    store = _restart_store()
     if device == "cuda":
         local = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local), **store)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **store)
     probe = importlib.import_module(probe_name) if probe_name else None
     if probe is not None:
         probe.install()
