@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails
+from labproof import assert_solution_passes
+from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week14-honest"
 
@@ -31,7 +32,9 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
 
 # Each grade carries several of the issue's mistakes, each in its own experiment (one launch runs them all, and
 # they do not touch each other), so one grade proves several checks; each check's message names its mistake.
-FIRST = {  # row-parallel without g, bubble (p-1)/m, drops not counted, restarts from step 0
+FIRST = {  # row-parallel without g, bubble (p-1)/m (in the code and the report), drops not counted, restarts
+           # from step 0
+    "report.md": invented("bubble_fraction_p4_m8", 11 / 8),
     "tensor_parallel.py": replace_once("y = ReduceFromParallel.apply(h @ w2_shard.T)", "y = h @ w2_shard.T"),
     "pipeline.py": replace_once("return (stages - 1) / (microbatches + stages - 1)",
                                 "return (stages - 1) / microbatches"),
@@ -59,7 +62,7 @@ def test_first_set_of_mistakes_fails_each_check(grade_lab):
     result, checks = grade_lab("week14", edits=FIRST)
     assert not result.complete
     expected = {"tp-forward": "partial sum", "pipeline-bubble": "(p-1)/(m+p-1)", "moe-dispatch": "dropped",
-                "recovery-resume": "resumed from step 0"}
+                "recovery-resume": "resumed from step 0", "report": "bubble_fraction_p4_m8"}
     for check, words in expected.items():
         assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
         assert words in checks[check].message, (check, checks[check].message)
@@ -84,7 +87,9 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine):
     """Modules holding Megatron shards with one autograd.Function for f and g; GPipe in closed form and 1F1B
     from per-stage clocks; the 2-stage runner one microbatch at a time over batch_isend_irecv with the loss
     summed over the whole batch's elements; capacity by a Python loop, dispatch of features and expert ids in
-    one payload; torch.optim.SGD with DCP's own .metadata as the completeness test."""
+    one payload; torch.optim.SGD with DCP's own .metadata as the completeness test. Its report is the
+    solution's, reworded."""
     edits = {name: (HONEST / name).read_text()
              for name in ("tensor_parallel.py", "pipeline.py", "moe.py", "elastic_train.py")}
+    edits["report.md"] = reworded  # the same facts in other words
     assert_solution_passes(grade_lab, machine, "week14", edits=edits)
