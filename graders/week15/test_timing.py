@@ -2,15 +2,14 @@
 
 The workload is fixed (conftest.TIMING_*: a 384-token prompt, 16 new tokens, batch 1, fp32, one intra-op
 thread, cache cold: built fresh by each call). The judge's clock runs around calls into the worker:
-  prefill_ms           median time of generate(model, prompt, 1): the prompt's forward pass and the first token
+  prefill_ms           fastest of five timings of generate(model, prompt, 1): the prompt's forward pass and the first token
                        (what a server's TTFT would add queueing and transport to)
-  decode_ms_per_token  (median time of generate(model, prompt, 16) - prefill) / 15: each further token
+  decode_ms_per_token  (fastest timing of generate(model, prompt, 16) - prefill) / 15: each further token
 The same two timings of the kit's greedy_generate (every step recomputes the whole sequence), in the same
 worker, give the uncached time per token; the cached decode must beat it by lab.yaml's threshold. Every timed
 call gets a fresh seeded prompt and its tokens are checked against full recomputation here; the slope between
 8 and 16 new tokens is also taken, and the slower of the two slopes is the one compared.
 """
-import statistics
 import time
 
 import pytest
@@ -29,7 +28,7 @@ def _clock(fn, repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)  # the fastest call: the least disturbed by other work on the machine
 
 
 MID = 8  # a third length: the decode slope is also taken between MID and TIMING_NEW tokens
@@ -57,7 +56,7 @@ def test_cached_decode_is_faster(kv, learner, record, lab_check, seed):
             if not follows_greedy(local, prompt, tokens):  # every timed call's output checked
                 raise LabCheckFailed(f"{what}: a timed call generate(model, prompt, {n}) returned other tokens than "
                                      "full recomputation on that prompt")
-        return statistics.median(times)
+        return min(times)  # the fastest call: the least disturbed by other work on the machine
 
     def reference(n):
         return learner.worker.build(WorkerObject("infracourse.kit.generate:greedy_generate", (remote, warm, n)))
