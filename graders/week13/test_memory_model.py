@@ -44,8 +44,9 @@ def test_memory_exact(mm, seed, record):
         if off:
             wrong.append(f"{what} -> " + "; ".join(off))
     if wrong:
+        also = f"; also {wrong[1]}" if len(wrong) > 1 else ""
         raise LabCheckFailed(f"{len(wrong)} of {len(cases(seed))} configurations differ (seed {seed}), first: "
-                             f"{wrong[0]}" + (f"; also {wrong[1]}" if len(wrong) > 1 else "") + f". Expected {CONVENTION}.")
+                             f"{wrong[0]}{also}. Expected {CONVENTION}.")
     seven_b = memory_per_device(7_000_000_000, 8, 3, "bf16-mixed")["total"]
     record("7B bf16-mixed ZeRO-3 over 8 devices, per device", seven_b, unit="B", bytes=seven_b)
 
