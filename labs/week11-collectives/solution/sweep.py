@@ -1,13 +1,15 @@
 """Week 11 sweep: time ring_all_reduce over message sizes, write every timed call to sweep.csv (raw), fit the
 alpha-beta model and print the figures the report asks for.
 
-    torchrun --nproc-per-node 3 sweep.py            # CPU, gloo: 1 KiB .. 4 MiB
+    torchrun --nproc-per-node 2 sweep.py            # CPU, gloo: 1 KiB .. 4 MiB (graded)
     torchrun --nproc-per-node 2 sweep.py --cuda     # GPUs, NCCL: 1 KiB .. 1 GiB where memory allows (sweep_cuda.csv)
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import math
+import os
 import statistics
 import time
 
@@ -59,11 +61,11 @@ def main() -> None:
     args = parser.parse_args()
     device = "cuda" if args.cuda else "cpu"
     if args.cuda:
-        local = dist.get_rank() if False else int(__import__("os").environ["LOCAL_RANK"])
+        local = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         free = torch.cuda.mem_get_info()[0]
-        largest = min(2 ** 30, 2 ** int(__import__("math").log2(free // 8)))  # x, its copy and buffers fit
+        largest = min(2 ** 30, 2 ** int(math.log2(free // 8)))  # x, its copy and buffers fit
     else:
         dist.init_process_group("gloo")
         largest = 4 * 2 ** 20
