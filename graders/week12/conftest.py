@@ -19,7 +19,7 @@ KIT = "infracourse.kit.ddp_reference"
 STEPS, PER_RANK, SAMPLES = 6, 4, 72          # the equivalence runs: global batch 24, 3 steps an epoch, 2 epochs
 GLOBAL_BATCH = 24
 TINY_BUCKET_MB = 0.01                        # ~10 KB buckets: the MLP's gradients split into several
-TIMED_STEPS, TIMED_SAMPLES = 40, 20480       # the scaling runs: per-rank 256 (weak) and global 512 (strong)
+TIMED_STEPS, TIMED_SAMPLES = 80, 40960       # the scaling runs: per-rank 256 (weak) and global 512 (strong)
 WEAK_PER_RANK, STRONG_GLOBAL = 256, 512
 
 
