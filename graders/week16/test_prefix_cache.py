@@ -51,14 +51,14 @@ def shared_prefix_workload(paged, seed, record):
 def equal_blocks_after_different_prefixes(paged, seed):
     r = random.Random(seed)
     bs = r.choice((4, 8))
-    a, b, common, tail = ([r.randrange(1000) for _ in range(bs)] for _ in range(4))
+    x, y, w = ([r.randrange(1000) for _ in range(bs)] for _ in range(3))
     judge = JudgeAllocator(16, bs, True)
-    what = (f"seed {seed}, {bs}-token blocks: sequence A = [block X, block Y], B = [block Z, block Y] (Y's tokens "
-            "equal, the block before differs), C = [X, Y, W]")
-    alloc, _ = run_sequence(paged, judge, [("allocate", "A", a + common), ("allocate", "B", b + common),
-                                           ("allocate", "C", a + common + tail)], what)
+    what = (f"seed {seed}, {bs}-token blocks: sequence A = [block X, block Y], then B = [block Y, block W] (Y's "
+            "tokens equal, but in A they follow X and in B nothing), then C = [X, Y, W]")
+    alloc, _ = run_sequence(paged, judge, [("allocate", "A", x + y), ("allocate", "B", y + w),
+                                           ("allocate", "C", x + y + w)], what)
     tables = alloc.state()["block_tables"]
-    if tables["A"][1] == tables["B"][1]:
+    if tables["A"][1] == tables["B"][0]:
         raise LabCheckFailed(f"{what}: A and B share block {tables['A'][1]} for Y. A block's K and V depend on every "
                              "token before it, so its hash must chain the previous block's hash with its own tokens")
 
