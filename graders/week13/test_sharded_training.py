@@ -23,18 +23,19 @@ CHECKPOINT_FRACTION = 0.5
 LAUNCH_TIMEOUT_S = 150
 
 
+def start(learner, seed, tmp_path_factory, world: int, experiments: dict, device: str = "cpu"):
+    scratch = tmp_path_factory.mktemp(f"{device}-world{world}")
+    proc = start_ranks("infracourse.kit.sharding", "rank_main", learner_dir=learner.root, world_size=world,
+                       kwargs={"experiments": experiments, "seed": seed}, device=device, scratch=scratch)
+    return proc, scratch
+
+
 @pytest.fixture(scope="module")
 def launches(learner, seed, tmp_path_factory) -> dict:
-    """Both worlds started at once, then collected: {world: RanksRun}."""
-    procs = {}
-    for world in WORLDS:
-        experiments = {"zero1": "zero1", "fsdp": "fsdp"}
-        if world == 2:
-            experiments["checkpoint"] = "checkpointing"
-        scratch = tmp_path_factory.mktemp(f"world{world}")
-        procs[world] = (start_ranks("infracourse.kit.sharding", "rank_main", learner_dir=learner.root,
-                                    world_size=world, kwargs={"experiments": experiments, "seed": seed},
-                                    scratch=scratch), scratch)
+    """Both CPU worlds started at once, then collected: {world: RanksRun}."""
+    procs = {world: start(learner, seed, tmp_path_factory, world, {"zero1": "zero1", "fsdp": "fsdp"} |
+                          ({"checkpoint": "checkpointing"} if world == 2 else {}))
+             for world in WORLDS}
     return {world: collect(proc, scratch=scratch, world_size=world, timeout_s=LAUNCH_TIMEOUT_S)
             for world, (proc, scratch) in procs.items()}
 
@@ -71,19 +72,46 @@ def _compare_params(got, want: torch.Tensor, what: str) -> str | None:
     return None
 
 
+def require_zero1_params(launches, world: int, seed: int, where: str = "") -> None:
+    ranks = results(launches, "zero1", world, seed)
+    want = S.zero_reference(seed, world, S.ZERO_STEPS)
+    for rank, part in enumerate(ranks):
+        if (why := _compare_params(part.get("params"), want, f"rank {rank} of {world}{where}")) is not None:
+            raise LabCheckFailed(
+                f"{why} after {S.ZERO_STEPS} steps of Zero1AdamW (seed {seed}; {want.numel()} parameters, shards "
+                f"of ceil({want.numel()}/{world})). Every rank must end with the parameters of one unsharded "
+                "torch.optim.AdamW on the global batch: average the gradients over ranks, update your shard with "
+                "AdamW (decoupled weight decay, bias correction), then all-gather every shard into every rank's "
+                "parameters.")
+
+
+def require_zero1_state(launches, world: int, seed: int, full: int) -> int:
+    """The largest per-rank optimiser bytes the course measured, after checking them against 1/N."""
+    measured = [part.get("state_bytes") for part in results(launches, "zero1", world, seed)]
+    if not all(type(b) is int for b in measured):
+        raise LabCheckFailed(f"the course could not measure the optimiser's tensors in world {world}: {measured}")
+    limit = STATE_FACTOR * full / world + 1024
+    for rank, nbytes in enumerate(measured):
+        if nbytes > limit:
+            raise LabCheckFailed(
+                f"rank {rank} of {world} keeps {nbytes:,} B of tensors in its optimiser (measured by the course "
+                f"inside the rank: every tensor reachable from your Zero1AdamW object and your module's globals, "
+                f"the model's own parameters and gradients left out), against {full:,} B for the unsharded "
+                f"AdamW moments: ZeRO-1 keeps about 1/{world} of them per rank (at most {limit:,.0f} B here; "
+                f"seed {seed}). Keep exp_avg and exp_avg_sq for your shard only, and build full-size flat "
+                "buffers inside step() rather than keeping them between steps.")
+    if sum(measured) < 0.95 * full:
+        raise LabCheckFailed(
+            f"the ranks of world {world} keep {measured} B in their optimisers, {sum(measured):,} in all, less "
+            f"than the {full:,} B of AdamW moments some rank must hold: keep your state as attributes of the "
+            "Zero1AdamW object so the course can measure it")
+    return max(measured)
+
+
 @pytest.mark.check("zero1-matches-adamw")
 def test_zero1_matches_adamw(launches, seed, record):
     for world in WORLDS:
-        ranks = results(launches, "zero1", world, seed)
-        want = S.zero_reference(seed, world, S.ZERO_STEPS)
-        for rank, part in enumerate(ranks):
-            if (why := _compare_params(part.get("params"), want, f"rank {rank} of {world}")) is not None:
-                raise LabCheckFailed(
-                    f"{why} after {S.ZERO_STEPS} steps of Zero1AdamW (seed {seed}; {want.numel()} parameters, shards "
-                    f"of ceil({want.numel()}/{world})). Every rank must end with the parameters of one unsharded "
-                    "torch.optim.AdamW on the global batch: average the gradients over ranks, update your shard with "
-                    "AdamW (decoupled weight decay, bias correction), then all-gather every shard into every rank's "
-                    "parameters.")
+        require_zero1_params(launches, world, seed)
     record("zero1 launches", len(WORLDS))
 
 
@@ -91,50 +119,50 @@ def test_zero1_matches_adamw(launches, seed, record):
 def test_zero1_state_sharded(launches, seed, record):
     full = S.unsharded_state_bytes(S.make_model(seed))
     for world in WORLDS:
-        ranks = results(launches, "zero1", world, seed)
-        measured = [part.get("state_bytes") for part in ranks]
-        if not all(type(b) is int for b in measured):
-            raise LabCheckFailed(f"the course could not measure the optimiser's tensors in world {world}: {measured}")
-        limit = STATE_FACTOR * full / world + 1024
-        for rank, nbytes in enumerate(measured):
-            if nbytes > limit:
-                raise LabCheckFailed(
-                    f"rank {rank} of {world} keeps {nbytes:,} B of tensors in its optimiser (measured by the course "
-                    f"inside the rank: every tensor reachable from your Zero1AdamW object and your module's globals, "
-                    f"the model's own parameters and gradients left out), against {full:,} B for the unsharded "
-                    f"AdamW moments: ZeRO-1 keeps about 1/{world} of them per rank (at most {limit:,.0f} B here; "
-                    f"seed {seed}). Keep exp_avg and exp_avg_sq for your shard only, and build full-size flat "
-                    "buffers inside step() rather than keeping them between steps.")
-        if sum(measured) < 0.95 * full:
-            raise LabCheckFailed(
-                f"the ranks of world {world} keep {measured} B in their optimisers, {sum(measured):,} in all, less "
-                f"than the {full:,} B of AdamW moments some rank must hold: keep your state as attributes of the "
-                "Zero1AdamW object so the course can measure it")
-        record(f"optimizer state bytes per rank, world {world}", max(measured), unit="B", bytes=max(measured))
+        most = require_zero1_state(launches, world, seed, full)
+        record(f"optimizer state bytes per rank, world {world}", most, unit="B", bytes=most)
     record("unsharded optimizer state bytes", full, unit="B", bytes=full)
+
+
+def require_fsdp(launches, world: int, seed: int, where: str = "") -> int:
+    """The largest local parameter count of a rank, after checking the trained parameters against DDP's."""
+    ranks = results(launches, "fsdp", world, seed)
+    want = S.zero_reference(seed, world, S.FSDP_STEPS)
+    for rank, part in enumerate(ranks):
+        if not part.get("fsdp_modules"):
+            raise LabCheckFailed(f"rank {rank} of {world}{where}: shard_model returned a model with no module "
+                                 "wrapped by fully_shard (torch.distributed.fsdp.fully_shard)")
+        if (why := _compare_params(part.get("params"), want, f"rank {rank} of {world}{where}")) is not None:
+            raise LabCheckFailed(
+                f"{why} after {S.FSDP_STEPS} AdamW steps of the fully_shard model (seed {seed}): it must train "
+                "exactly as DDP (one process on the global batch) does. Apply fully_shard to each Linear layer, "
+                "then to the root model, and return it.")
+    local = [part["local_numel"] for part in ranks]
+    numel = want.numel()
+    if max(local) > 1.6 * numel / world + 64:
+        raise LabCheckFailed(
+            f"the ranks of world {world}{where} hold {local} parameter elements locally, of {numel}: fully_shard "
+            f"should leave each about 1/{world} (seed {seed}). Wrap every Linear layer, not only the root.")
+    return max(local)
 
 
 @pytest.mark.check("fsdp-matches-ddp")
 def test_fsdp_matches_ddp(launches, seed, record):
     for world in WORLDS:
-        ranks = results(launches, "fsdp", world, seed)
-        want = S.zero_reference(seed, world, S.FSDP_STEPS)
-        for rank, part in enumerate(ranks):
-            if not part.get("fsdp_modules"):
-                raise LabCheckFailed(f"rank {rank} of {world}: shard_model returned a model with no module "
-                                     "wrapped by fully_shard (torch.distributed.fsdp.fully_shard)")
-            if (why := _compare_params(part.get("params"), want, f"rank {rank} of {world}")) is not None:
-                raise LabCheckFailed(
-                    f"{why} after {S.FSDP_STEPS} AdamW steps of the fully_shard model (seed {seed}): it must train "
-                    "exactly as DDP (one process on the global batch) does. Apply fully_shard to each Linear layer, "
-                    "then to the root model, and return it.")
-        local = [part["local_numel"] for part in ranks]
-        numel = want.numel()
-        if max(local) > 1.6 * numel / world + 64:
-            raise LabCheckFailed(
-                f"the ranks of world {world} hold {local} parameter elements locally, of {numel}: fully_shard "
-                f"should leave each about 1/{world} (seed {seed}). Wrap every Linear layer, not only the root.")
-        record(f"fsdp parameter bytes per rank, world {world}", 4 * max(local), unit="B", bytes=4 * max(local))
+        most = require_fsdp(launches, world, seed)
+        record(f"fsdp parameter bytes per rank, world {world}", 4 * most, unit="B", bytes=4 * most)
+
+
+@pytest.mark.check("sharded-nccl")
+def test_sharded_on_gpus(learner, seed, tmp_path_factory, record):
+    """The same ZeRO-1 and FSDP2 experiments on two GPUs under NCCL (blocked on machines with fewer)."""
+    proc, scratch = start(learner, seed, tmp_path_factory, 2, {"zero1": "zero1", "fsdp": "fsdp"}, device="cuda")
+    launches = {2: collect(proc, scratch=scratch, world_size=2, timeout_s=LAUNCH_TIMEOUT_S)}
+    require_zero1_params(launches, 2, seed, " (NCCL)")
+    most = require_zero1_state(launches, 2, seed, S.unsharded_state_bytes(S.make_model(seed)))
+    local = require_fsdp(launches, 2, seed, " (NCCL)")
+    record("optimizer state bytes per rank, 2 GPUs", most, unit="B", bytes=most)
+    record("fsdp parameter bytes per rank, 2 GPUs", 4 * local, unit="B", bytes=4 * local)
 
 
 @pytest.mark.check("checkpoint-saves-less")

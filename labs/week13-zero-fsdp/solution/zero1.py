@@ -13,13 +13,14 @@ class Zero1AdamW:
         self.numel = sum(p.numel() for p in self.params)
         self.shard = -(-self.numel // self.world)  # ceil: the flat buffer is padded so every shard is equal
         self.start = self.rank * self.shard
-        self.exp_avg = torch.zeros(self.shard)
-        self.exp_avg_sq = torch.zeros(self.shard)
+        device = self.params[0].device
+        self.exp_avg = torch.zeros(self.shard, device=device)
+        self.exp_avg_sq = torch.zeros(self.shard, device=device)
         self.steps = 0
 
     def _flat(self, tensors) -> torch.Tensor:
         """A temporary padded flat copy (nothing full-size is kept between steps)."""
-        flat = torch.zeros(self.shard * self.world)
+        flat = torch.zeros(self.shard * self.world, device=self.exp_avg.device)
         flat[: self.numel] = torch.cat([t.reshape(-1) for t in tensors])
         return flat
 

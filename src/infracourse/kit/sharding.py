@@ -220,12 +220,20 @@ def _storages(tensors) -> set[int]:
 
 
 # -------------------------------------------------------------------------------------------- the experiments
+def _device() -> torch.device:
+    """This rank's device: its GPU under NCCL (kit.rank_driver set it current), else the CPU."""
+    import os
+
+    return torch.device("cuda", torch.cuda.current_device()) if os.environ.get("INFRACOURSE_DEVICE") == "cuda" \
+        else torch.device("cpu")
+
+
 def _zero1(seed: int, module: str) -> dict:
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, device = dist.get_rank(), dist.get_world_size(), _device()
     learner = importlib.import_module(module)
-    model = make_model(seed)
+    model = make_model(seed).to(device)
     params = list(model.parameters())
     opt = learner.Zero1AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     if type(opt).__module__.startswith("torch."):
@@ -234,22 +242,22 @@ def _zero1(seed: int, module: str) -> dict:
     for step in range(ZERO_STEPS):
         x, y = global_batch(seed, step, world)
         rows = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
-        loss_fn(model, x[rows], y[rows]).backward()
+        loss_fn(model, x[rows].to(device), y[rows].to(device)).backward()
         opt.step()
         if step == ZERO_STEPS - 1:  # what the optimiser keeps, besides the model's own parameters and gradients
             skip = _storages(params) | _storages(p.grad for p in params)
             state_bytes = held_tensor_bytes([opt, vars(learner)], skip, own_modules=(learner.__name__,))
         opt.zero_grad()
-    return {"params": flat_params(model), "state_bytes": state_bytes, "world": world}
+    return {"params": flat_params(model).cpu(), "state_bytes": state_bytes, "world": world}
 
 
 def _fsdp(seed: int, module: str) -> dict:
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, device = dist.get_rank(), dist.get_world_size(), _device()
     learner = importlib.import_module(module)
-    model = make_model(seed)
+    model = make_model(seed).to(device)
     numel = sum(p.numel() for p in model.parameters())
     sharded = learner.shard_model(model)
     if sharded is None:
@@ -262,11 +270,11 @@ def _fsdp(seed: int, module: str) -> dict:
     for step in range(FSDP_STEPS):
         x, y = global_batch(seed, step, world)
         rows = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
-        loss_fn(sharded, x[rows], y[rows]).backward()
+        loss_fn(sharded, x[rows].to(device), y[rows].to(device)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in sharded.parameters()]
-    return {"params": torch.cat([t.detach().reshape(-1) for t in full]), "local_numel": local, "numel": numel,
+    return {"params": torch.cat([t.detach().reshape(-1) for t in full]).cpu(), "local_numel": local, "numel": numel,
             "fsdp_modules": len(roots), "world": world}
 
 
