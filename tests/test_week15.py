@@ -37,7 +37,8 @@ VARIANTS = {
         "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device)\n"
         "            logits = forward(model, ids, cache)")}),
     "kv_bytes that ignores grouped KV heads": ("kv-bytes-formula", {"kv_cache.py": replace_once(
-        "2 * config.n_layer * config.kv_heads * config.head_dim", "2 * config.n_layer * config.n_head * config.head_dim")}),
+        "2 * config.n_layer * config.kv_heads * config.head_dim",
+        "2 * config.n_layer * config.n_head * config.head_dim")}),
     "invented decode time in the report": ("report", {"report.md": invented("decode_ms_per_token", 100.0)}),
 }
 

@@ -1,4 +1,5 @@
 """KV-cache size: the learner's formula against the course's, and the cache's real tensors against both."""
+import dataclasses
 import random
 
 import pytest
@@ -9,7 +10,6 @@ from infracourse.grading.protocol import WorkerObject
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.generate import seeded_prompts
-import dataclasses
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 LARGE = [GPTConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_head=32, n_kv_head=8, n_layer=32),   # GQA 8B
@@ -82,8 +82,8 @@ def test_cache_real_size(kv, learner, seed, record):
                                  f"each of the {cfg.n_layer} layers ({2 * cfg.n_layer})")
         lengths = {t.shape[2] if t.dim() == 4 else -1 for t in tensors}
         shapes = sorted({tuple(t.shape) for t in tensors})
-        if len(lengths) != 1 or any(t.dim() != 4 or tuple(t.shape[:2]) != (1, cfg.kv_heads) or t.shape[3] != cfg.head_dim
-                                    for t in tensors):
+        if len(lengths) != 1 or any(t.dim() != 4 or tuple(t.shape[:2]) != (1, cfg.kv_heads)
+                                    or t.shape[3] != cfg.head_dim for t in tensors):
             raise LabCheckFailed(f"{what}: every cached K and V must be (1, KV heads {cfg.kv_heads}, cached tokens, "
                                  f"head_dim {cfg.head_dim}), all with the same length; got shapes {shapes[:4]}")
         length = lengths.pop()

@@ -2,8 +2,8 @@
 
 The workload is fixed (conftest.TIMING_*: a 384-token prompt, 16 new tokens, batch 1, fp32, one intra-op
 thread, cache cold: built fresh by each call). The judge's clock runs around calls into the worker:
-  prefill_ms           fastest of five timings of generate(model, prompt, 1): the prompt's forward pass and the first token
-                       (what a server's TTFT would add queueing and transport to)
+  prefill_ms           fastest of five timings of generate(model, prompt, 1): the prompt's forward pass and
+                       the first token (what a server's TTFT would add queueing and transport to)
   decode_ms_per_token  (fastest timing of generate(model, prompt, 16) - prefill) / 15: each further token
 The same two timings of the kit's greedy_generate (every step recomputes the whole sequence), in the same
 worker, give the uncached time per token; the cached decode must beat it by lab.yaml's threshold. Every timed

@@ -1,7 +1,8 @@
 """A load generator for OpenAI-style streaming `/v1/completions` servers, and the serving metrics exactly as
 vLLM's serving benchmark (`vllm bench serve`, benchmarks/serve.py `calculate_metrics`) defines them.
 
-The client is plain asyncio (no HTTP library needed). Sending and measuring are separate. Sending produces one `RequestRecord` per request; the metrics are pure
+The client is plain asyncio (no HTTP library needed). Sending and measuring are separate. Sending produces
+one `RequestRecord` per request; the metrics are pure
 functions of those records, so they are tested on fixed traces:
 
     specs = request_matrix(input_lens=[16, 64], output_lens=[8, 32], per_cell=4, vocab_size=256, seed=0)
