@@ -3,6 +3,8 @@
 of its request-path files: infracourse/kit/vllm_index.json), and the steps must start at the entry point and
 visit the scheduler, the KV-cache manager, model execution and output processing. The roles are the learner's
 own words and are not graded."""
+import difflib
+
 import pytest
 import yaml
 
@@ -52,7 +54,7 @@ def test_trace_names_real_files_and_functions(learner):
                 f"{index['version']}{f' (did you mean {near[0]}?)' if near else ''}. Paths start at the repository "
                 f"root (vllm/...); the indexed files are: {', '.join(sorted(index['files']))}")
         if resolve(entry["defs"], function) is None:
-            close = [d for d in entry["defs"] if function.split(".")[-1].lower() in d.lower()][:5]
+            close = difflib.get_close_matches(function, entry["defs"], n=4, cutoff=0.6)
             raise LabCheckFailed(
                 f"trace.yaml step {i}: {file} of vLLM {index['version']} defines no {function!r}"
                 f"{f' (close: {close})' if close else ''}. Name a function, a class or Class.method that the "

@@ -63,7 +63,7 @@ def state_violations(state, num_blocks: int, *, shared_allowed: bool) -> list[st
         problems.append(f"negative reference counts: blocks {[b for b in range(num_blocks) if refs[b] < 0]}")
     if set(free) & set(used):
         problems.append(f"blocks both free and referenced: {sorted(set(free) & set(used))}")
-    if len(set(free)) + len(used) != num_blocks:
+    if len(set(free)) + len(used) != num_blocks and not set(free) & set(used):
         lost = sorted(set(range(num_blocks)) - set(free) - set(used))
         problems.append(f"free ({len(set(free))}) + used ({len(used)}) != total ({num_blocks}); blocks neither free "
                         f"nor referenced (leaked): {lost[:10]}")
