@@ -29,13 +29,13 @@ STEPS, SAVE_EVERY, STEP_SECONDS = 30, 5, 0.1
 class World:
     """The one launch of the tensor-, pipeline- and expert-parallel experiments."""
 
-    def __init__(self, learner_dir: Path, seed: int, scratch: Path):
+    def __init__(self, learner_dir: Path, seed: int, scratch: Path, device: str = "cpu"):
         self.seed = seed
         self.capacity = 4 + seed % 3  # 20 assignments per rank over 4 experts: some experts overflow
         self.run = run_ranks("infracourse.kit.parallel_reference", "grade_rank", learner_dir=learner_dir,
                              world_size=WORLD, kwargs={"seed": seed, "microbatches": MICROBATCHES, "top_k": TOP_K,
                                                        "capacity": self.capacity},
-                             probe="infracourse.kit.dist_probes", timeout_s=90, scratch=scratch)
+                             device=device, probe="infracourse.kit.dist_probes", timeout_s=90, scratch=scratch)
 
     def results(self, name: str, what: str) -> list[dict]:
         """Every rank's result of one experiment; fails naming the rank and the learner's traceback."""

@@ -29,7 +29,7 @@ def moe_layer(x, router, experts, top_k, capacity):
     n_experts, per_rank = router.shape[1], len(experts)
     expert, gate = route(x, router, top_k)
     expert, gate = expert.reshape(-1), gate.reshape(-1)          # assignment i is token i // top_k
-    token = torch.arange(tokens).repeat_interleave(top_k)
+    token = torch.arange(tokens, device=x.device).repeat_interleave(top_k)
     # each assignment's place in its expert's queue, in token order; past capacity it is dropped
     place = (F.one_hot(expert, n_experts).cumsum(0) * F.one_hot(expert, n_experts)).sum(1) - 1
     keep = place < capacity

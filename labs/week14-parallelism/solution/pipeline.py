@@ -77,9 +77,9 @@ def two_stage_step(weight, bias, data, microbatches):
         for work in sends:
             work.wait()
         return None
-    total = torch.zeros((), dtype=data.dtype)
+    total = torch.zeros((), dtype=data.dtype, device=data.device)
     for target in chunks:
-        h = torch.empty(target.shape[0], weight.shape[1], dtype=weight.dtype)
+        h = torch.empty(target.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
         dist.recv(h, src=0)
         h.requires_grad_()
         # the whole batch's mean is the mean of the microbatches' means: each is scaled by 1/m

@@ -229,46 +229,50 @@ def _attempt(results: dict, name: str, fn) -> None:
         results[name] = {"error": "".join(tail)[-2000:], "not_written": isinstance(exc, NotImplementedError)}
 
 
-def _tensor_parallel(learner, seed: int) -> dict:
+def _cpu(t):
+    return None if t is None else t.detach().cpu()
+
+
+def _tensor_parallel(learner, seed: int, device: str) -> dict:
     import torch.distributed as dist
 
     from infracourse.kit import dist_probes
 
     rank, world = dist.get_rank(), dist.get_world_size()
     weights = mlp_weights(seed)
-    shard = {k: v.clone().requires_grad_() for k, v in mlp_shard(weights, rank, world).items()}
+    shard = {k: v.to(device).clone().requires_grad_() for k, v in mlp_shard(weights, rank, world).items()}
     with dist_probes.scope("tp forward"):
         y = learner.parallel_mlp(shard["x"], shard["w1"], shard["b1"], shard["w2"], shard["b2"])
     with dist_probes.scope("tp backward"):
-        y.backward(weights["dy"])
-    return {"y": y.detach(), **{k: (v.grad if v.grad is not None else torch.full_like(v, float("nan")))
-                                for k, v in shard.items()}}
+        y.backward(weights["dy"].to(device))
+    return {"y": _cpu(y), **{k: (_cpu(v.grad) if v.grad is not None else torch.full(v.shape, float("nan")))
+                             for k, v in shard.items()}}
 
 
-def _two_stage(learner, seed: int, microbatches: int) -> dict:
+def _two_stage(learner, seed: int, microbatches: int, device: str) -> dict:
     import torch.distributed as dist
 
     rank = dist.get_rank()
     weights = two_stage_weights(seed)
-    w = weights[f"w{rank}"].clone().requires_grad_()
-    b = weights[f"b{rank}"].clone().requires_grad_()
-    data = weights["x"] if rank == 0 else weights["target"]
+    w = weights[f"w{rank}"].to(device).clone().requires_grad_()
+    b = weights[f"b{rank}"].to(device).clone().requires_grad_()
+    data = (weights["x"] if rank == 0 else weights["target"]).to(device)
     loss = learner.two_stage_step(w, b, data, microbatches)
-    return {"loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().clone(),
-            "grad_w": w.grad, "grad_b": b.grad}
+    return {"loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().cpu().clone(),
+            "grad_w": _cpu(w.grad), "grad_b": _cpu(b.grad)}
 
 
-def _moe(learner, seed: int, top_k: int, capacity: int) -> dict:
+def _moe(learner, seed: int, top_k: int, capacity: int, device: str) -> dict:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     weights = moe_weights(seed, world)
     per_rank = weights["router"].shape[1] // world
     local = range(rank * per_rank, (rank + 1) * per_rank)
-    experts = [Expert(weights["w_in"][e], weights["w_out"][e]) for e in local]
-    out, dropped = learner.moe_layer(weights["x"][rank].clone(), weights["router"].clone(), experts, top_k,
-                                     capacity)
-    return {"out": out.detach().clone(), "dropped": int(dropped), "expert_rows": [e.rows for e in experts]}
+    experts = [Expert(weights["w_in"][e].to(device), weights["w_out"][e].to(device)) for e in local]
+    out, dropped = learner.moe_layer(weights["x"][rank].to(device).clone(), weights["router"].to(device).clone(),
+                                     experts, top_k, capacity)
+    return {"out": _cpu(out).clone(), "dropped": int(dropped), "expert_rows": [e.rows for e in experts]}
 
 
 def grade_rank(seed: int, microbatches: int, top_k: int, capacity: int) -> dict:
@@ -276,20 +280,21 @@ def grade_rank(seed: int, microbatches: int, top_k: int, capacity: int) -> dict:
     import importlib
 
     torch.set_num_threads(1)
+    device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
     results: dict = {}
     try:
         tp = importlib.import_module("tensor_parallel")
-        _attempt(results, "tensor_parallel", lambda: _tensor_parallel(tp, seed))
+        _attempt(results, "tensor_parallel", lambda: _tensor_parallel(tp, seed, device))
     except Exception as exc:
         results["tensor_parallel"] = {"error": "".join(traceback.format_exception_only(type(exc), exc))}
     try:
         pp = importlib.import_module("pipeline")
-        _attempt(results, "two_stage", lambda: _two_stage(pp, seed, microbatches))
+        _attempt(results, "two_stage", lambda: _two_stage(pp, seed, microbatches, device))
     except Exception as exc:
         results["two_stage"] = {"error": "".join(traceback.format_exception_only(type(exc), exc))}
     try:
         moe = importlib.import_module("moe")
-        _attempt(results, "moe", lambda: _moe(moe, seed, top_k, capacity))
+        _attempt(results, "moe", lambda: _moe(moe, seed, top_k, capacity, device))
     except Exception as exc:
         results["moe"] = {"error": "".join(traceback.format_exception_only(type(exc), exc))}
     return results
