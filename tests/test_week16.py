@@ -1,6 +1,7 @@
 """Week 16 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
-its check, and an honest solution in another style (timestamps and a heap for LRU, a per-sequence loop of
-index_select for attention: tests/fixtures/week16-honest) passes."""
+its check, and an honest solution in another style (blocks with release timestamps, sha256 chained keys, a
+per-sequence loop of index_select and SDPA: tests/fixtures/week16-honest) passes. The last three tests check the
+course's references (kit.paged_reference) without grading."""
 from pathlib import Path
 
 import pytest
@@ -9,15 +10,15 @@ from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
 
-pytestmark = pytest.mark.slow
-
 HONEST = Path(__file__).parent / "fixtures" / "week16-honest"
 
 
+@pytest.mark.slow
 def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week16")
 
 
+@pytest.mark.slow
 def test_starter_fails_and_says_what_to_do(grade_lab):
     result, checks = grade_lab("week16", source="starter", stamp=False)
     assert not result.complete
@@ -49,16 +50,55 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edits = VARIANTS[name]
     assert_variant_fails(grade_lab, "week16", check_id, edits)
 
 
+@pytest.mark.slow
 def test_report_in_other_words_passes(grade_lab):
     _, checks = grade_lab("week16", edits={"report.md": reworded})
     assert checks["report"].status == "passed", checks["report"].message
 
 
+@pytest.mark.slow
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week16", edits={"paged.py": (HONEST / "paged.py").read_text()})
+
+
+# --- the course's references (infracourse.kit.paged_reference), without a grade -----------------------------
+def test_vllm_index_covers_every_stage_of_the_request_path():
+    from infracourse.kit.paged_reference import REQUIRED_STAGES, vllm_index
+    index = vllm_index()
+    assert index["version"] == "0.34.0" and index["commit"]
+    assert set(REQUIRED_STAGES) <= {f["stage"] for f in index["files"].values()}
+    assert all(f["defs"] for f in index["files"].values())
+    assert "Scheduler.schedule" in index["files"]["vllm/v1/core/sched/scheduler.py"]["defs"]
+
+
+def test_contiguous_attention_is_sdpa_with_grouped_heads():
+    import torch
+    import torch.nn.functional as F
+    from infracourse.kit.paged_reference import contiguous_attention
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 8, generator=g)
+    keys = [torch.randn(2, n, 8, generator=g) for n in (3, 7)]
+    values = [torch.randn(2, n, 8, generator=g) for n in (3, 7)]
+    out = contiguous_attention(q, keys, values)
+    for b in range(2):
+        want = F.scaled_dot_product_attention(q[b, :, None], keys[b].repeat_interleave(2, 0),
+                                              values[b].repeat_interleave(2, 0))[:, 0]
+        torch.testing.assert_close(out[b], want)
+
+
+def test_state_violations_name_each_broken_invariant():
+    from infracourse.kit.paged_reference import state_violations
+    ok = {"free": [2, 3], "ref_counts": [1, 2, 0, 0], "block_tables": {"a": [0, 1], "b": [1]}}
+    assert state_violations(ok, 4, shared_allowed=True) == []
+    assert "without prefix caching" in " ".join(state_violations(ok, 4, shared_allowed=False))
+    leak = {"free": [3], "ref_counts": [1, 1, 0, 0], "block_tables": {"a": [0, 1]}}
+    assert "(leaked): [2]" in " ".join(state_violations(leak, 4, shared_allowed=False))
+    lie = {"free": [2, 3], "ref_counts": [1, 1, 0, 0], "block_tables": {"a": [0, 1], "b": [1]}}
+    assert "block 1 has reference count 1 but 2" in " ".join(state_violations(lie, 4, shared_allowed=True))
