@@ -93,3 +93,49 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine):
              for name in ("tensor_parallel.py", "pipeline.py", "moe.py", "elastic_train.py")}
     edits["report.md"] = reworded  # the same facts in other words
     assert_solution_passes(grade_lab, machine, "week14", edits=edits)
+
+
+# ---------------------------------------------------------------- the judge's own rules (kit.parallel_reference)
+def _gpipe(p, m):
+    """GPipe in closed form, the rules' known-good input."""
+    steps = [[] for _ in range(2 * (m + p - 1))]
+    for s in range(p):
+        for i in range(m):
+            steps[s + i].append((s, i, "F"))
+            steps[m + p - 1 + (p - 1 - s) + i].append((s, i, "B"))
+    return steps
+
+
+def test_schedule_rules_accept_gpipe_and_compute_its_bubble():
+    from infracourse.kit.parallel_reference import bubble_fraction, check_schedule
+
+    seen = check_schedule(_gpipe(4, 8), 4, 8)
+    assert seen["errors"] == [] and seen["bubble"] == pytest.approx(bubble_fraction(4, 8)) == pytest.approx(3 / 11)
+    assert seen["in_flight"] == [8, 8, 8, 8]
+    assert check_schedule(_gpipe(4, 8), 4, 8, max_in_flight=4)["errors"]  # GPipe holds m > p microbatches
+    padded = _gpipe(2, 3) + [[]]
+    assert check_schedule(padded, 2, 3)["bubble"] > bubble_fraction(2, 3)  # an idle step is counted
+
+
+@pytest.mark.parametrize("broken, words", [
+    (lambda s: [[a for a in step if a != (1, 0, "B")] for step in s], "never run"),
+    (lambda s: s + [[(0, 0, "F")]], "runs twice"),
+    (lambda s: [[(1, 0, "F")]] + s, "before"),
+    (lambda s: [s[0] + [(0, 1, "F")]] + s[1:], "two things at once"),
+    (lambda s: [[(0, 0, "X")]] + s, "is not (stage"),
+])
+def test_schedule_rules_name_each_mistake(broken, words):
+    from infracourse.kit.parallel_reference import check_schedule
+
+    errors = check_schedule(broken(_gpipe(2, 3)), 2, 3)["errors"]
+    assert any(words in e for e in errors), errors
+
+
+def test_dense_moe_accounts_for_every_assignment():
+    from infracourse.kit.parallel_reference import dense_moe, moe_weights
+
+    for capacity in (1, 4, 20):
+        out = dense_moe(moe_weights(3), top_k=2, capacity=capacity)
+        assert sum(out["expert_rows"]) + sum(out["dropped"]) == 2 * 10 * 2
+        assert max(out["expert_rows"]) <= 2 * capacity
+    assert dense_moe(moe_weights(3), 2, 20)["dropped"] == [0, 0]
