@@ -13,9 +13,9 @@ from infracourse.guard import LabCheckFailed
 OPS = 120
 
 
-def random_run(paged, seed: int, *, prefix_caching: bool, ops: int, tokens_from):
+def random_run(paged, seed: int, *, prefix_caching: bool, ops: int, tokens_from, blocks=(12, 24), sizes=(3, 4, 8)):
     r = random.Random(seed)
-    num_blocks, bs = r.randint(12, 24), r.choice((3, 4, 8))
+    num_blocks, bs = r.randint(*blocks), r.choice(sizes)
     judge = JudgeAllocator(num_blocks, bs, prefix_caching)
     alloc = paged.BlockAllocator(num_blocks, bs, prefix_caching)
     head = f"seed {seed}, {num_blocks} blocks of {bs} tokens, prefix caching {'on' if prefix_caching else 'off'}"
