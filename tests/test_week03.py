@@ -50,6 +50,9 @@ VARIANTS = {
     # class 1: a hard-coded throughput, consistent in itself (the ratio is right)
     "hard-coded throughput": ("utilisation-reported", EXPERIMENT, replace_once(
         '"useful_tokens_per_s": useful / wall,', '"useful_tokens_per_s": 5e6 * useful / computed,')),
+    # class 1: raw data made up after the fact (the summary no longer recomputes from it)
+    "raw samples invented": ("utilisation-reported", EXPERIMENT, replace_once(
+        '"samples_s": samples,', '"samples_s": [1e-4] * len(samples),')),
     # class 1: the table's throughput invented to fit the latency, never clocked
     "table throughput invented": ("littles-law", EXPERIMENT, replace_once(
         '"throughput_rps": len(latencies) / wall,', '"throughput_rps": 2 * concurrency / statistics.fmean(latencies),')),

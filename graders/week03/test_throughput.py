@@ -66,6 +66,32 @@ def test_effective_gain(schemes, workload, learner, device, lab_check, record):
             "and keep per-sequence Python work out of the batch.")
 
 
+def _require_raw_data(name, result, timed, repeats, useful_tokens):
+    """The summary recomputes from the raw data measure() returns, one sample per timed batch; each sample holds
+    at least the model's own (stamped) time for that batch, so the samples are measured, not invented."""
+    samples, wall = result.get("samples_s"), result.get("wall_s")
+    if not (isinstance(samples, (list, tuple)) and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
+                                                       for x in samples)) \
+            or not (isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0):
+        raise LabCheckFailed(f"measure(schemes.{name}, ...) must also return its raw data: samples_s (a list with "
+                             "each timed batch's seconds in the model call, in order) and wall_s (the timed loop's "
+                             "seconds)")
+    if len(samples) != repeats:
+        raise LabCheckFailed(f"{name}: samples_s holds {len(samples)} samples, but {repeats} batches were timed: "
+                             "one sample per timed batch (the repetition count is the number of samples)")
+    short = [i for i, (x, (start, end, _)) in enumerate(zip(samples, timed)) if x < 0.95 * (end - start) - 1e-4]
+    if short:
+        i = short[0]
+        raise LabCheckFailed(
+            f"{name}: samples_s[{i}] is {samples[i] * 1e3:.3f} ms, but the model alone computed batch {i} for "
+            f"{(timed[i][1] - timed[i][0]) * 1e3:.3f} ms: each sample must be measured around that batch's model call")
+    for key, value in (("utilisation", sum(samples) / wall),
+                       ("useful_tokens_per_s", useful_tokens / wall)):
+        if not math.isclose(result[key], value, rel_tol=0.01):
+            raise LabCheckFailed(f"{name}: {key} {result[key]:.4g} does not recompute from your raw data "
+                                 f"(samples_s and wall_s give {value:.4g}): report the summary of what you measured")
+
+
 def _positions(name, batches):
     """What each batch costs the model: padding computes B x L_max positions, packing the real tokens."""
     return [len(b) * max(len(s) for s in b) if name == "pad" else sum(len(s) for s in b) for b in batches]
@@ -95,6 +121,7 @@ def test_utilisation_and_effective_throughput(schemes, experiment, workload, lea
                 f"{name}: the model computed {[p for _, _, p in calls]} positions in {len(calls)} call(s), but "
                 f"measure must end with each of the {len(batches)} batches through the model once, in order "
                 f"({_positions(name, batches)} positions): run the warm-up batches first, then every batch, timed.")
+        _require_raw_data(name, result, timed, len(batches), workload.useful_tokens)
         ratio = result["tokens_per_s"] / result["useful_tokens_per_s"]
         if abs(ratio - expected_ratio) > 0.02 * expected_ratio:
             raise LabCheckFailed(

@@ -28,25 +28,26 @@ def measure(scheme, model, batches: list[list[torch.Tensor]], *, warmup: int = 2
     """Run every batch through `scheme` after `warmup` untimed batches.
 
     utilisation: the share of the wall clock the model was computing (what a device's busy counter shows);
-    tokens_per_s: every position computed, padding included; useful_tokens_per_s: real tokens only.
+    tokens_per_s: every position computed, padding included; useful_tokens_per_s: real tokens only;
+    samples_s: the raw data, each timed batch's time in the model call, in order; wall_s: the loop's clock.
     """
     sync = _sync_for(model)
     for seqs in batches[:warmup]:
         run(scheme, model, seqs)
     sync()
-    busy, computed, useful = 0.0, 0, 0
+    samples, computed, useful = [], 0, 0
     start = time.perf_counter()
     for seqs in batches:
         tokens, unpack = scheme(seqs)  # preparing the batch: the device waits meanwhile
         t0 = time.perf_counter()
         unpack(model(tokens))
         sync()
-        busy += time.perf_counter() - t0
+        samples.append(time.perf_counter() - t0)
         computed += tokens.numel()
         useful += sum(len(s) for s in seqs)
     wall = time.perf_counter() - start
-    return {"utilisation": busy / wall, "tokens_per_s": computed / wall, "useful_tokens_per_s": useful / wall,
-            "wall_s": wall}
+    return {"utilisation": sum(samples) / wall, "tokens_per_s": computed / wall,
+            "useful_tokens_per_s": useful / wall, "samples_s": samples, "wall_s": wall}
 
 
 def serve(scheme, model, sequences: list[torch.Tensor], *, concurrency: int, max_batch: int,
