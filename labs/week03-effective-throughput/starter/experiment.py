@@ -25,7 +25,8 @@ def _sync_for(model) -> Callable[[], None]:
 def measure(scheme, model, batches: list[list[torch.Tensor]], *, warmup: int = 2) -> dict:
     """Run every batch through `scheme` after `warmup` untimed batches. Return utilisation (the share of the
     loop's wall clock spent in the model call), tokens_per_s (every computed position, padding included) and
-    useful_tokens_per_s (the sequences' own tokens)."""
+    useful_tokens_per_s (the sequences' own tokens), with the raw data they come from: samples_s (each timed
+    batch's seconds in the model call, in order) and wall_s (the timed loop's seconds)."""
     # TODO(week03): time model(tokens) (then _sync_for(model)()) as busy time and the whole loop as wall time.
     raise NotImplementedError("measure(): time the model calls and the loop; count computed and useful tokens")
 
