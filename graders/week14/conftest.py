@@ -124,19 +124,18 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
     log = logs / "rank0.jsonl"
     deadline = time.time() + 90
     while time.time() < deadline and proc.poll() is None:
-        if any(line["step"] >= kill_step for line in _lines(log)):
-            victim = rank_processes(proc).get(1)
-            if victim is not None:
-                recovery.killed_at = time.time()
-                os.kill(victim, signal.SIGKILL)
-                recovery.complete_at_kill = _complete(checkpoints)
-                if recovery.complete_at_kill:
-                    recovery.planted = _plant(checkpoints, recovery.complete_at_kill)
+        victim = rank_processes(proc).get(1) if any(line["step"] >= kill_step for line in _lines(log)) else None
+        if victim is not None:
+            recovery.killed_at = time.time()
+            os.kill(victim, signal.SIGKILL)
+            recovery.complete_at_kill = _complete(checkpoints)
+            if recovery.complete_at_kill:
+                recovery.planted = _plant(checkpoints, recovery.complete_at_kill)
             break
         time.sleep(0.005)
     if not recovery.killed_at:
-        recovery.note = (f"the run never logged step {kill_step} in {log.name} while it ran, so no rank was "
-                         "killed")
+        recovery.note = (f"rank 0 never logged step {kill_step} in {log.name} while rank 1 was alive, so no rank "
+                         "was killed")
     # the judge's clock of the restarted world, read from rank 0's log as it grows
     while recovery.killed_at and time.time() < deadline and proc.poll() is None:
         lines = _lines(log)
