@@ -33,6 +33,14 @@ VARIANTS = {
     # free forgets the sequence's last block: it is neither free nor held by anyone
     "allocator that leaks on free": ("allocator-invariants", {"paged.py": replace_once(
         "for block in reversed(self.tables.pop(seq_id)):", "for block in reversed(self.tables.pop(seq_id)[:-1]):")}),
+    # the same leak behind a state() rebuilt from the block tables, which looks consistent: caught when allocate
+    # raises MemoryError while the judge's own count says blocks are free
+    "leak hidden by a lying state()": ("allocator-invariants", {"paged.py": lambda text: replace_once(
+        "for block in reversed(self.tables.pop(seq_id)):", "for block in reversed(self.tables.pop(seq_id)[:-1]):")(
+        replace_once('return {"free": self.plain + list(self.evictable), "ref_counts": list(self.ref_counts),',
+                     'held = [b for t in self.tables.values() for b in t]\n'
+                     '        return {"free": [b for b in range(self.num_blocks) if b not in held], '
+                     '"ref_counts": [held.count(b) for b in range(self.num_blocks)],')(text))}),
     # a new block is taken without leaving the free list: two sequences can end up owning it
     "double allocation": ("allocator-invariants", {"paged.py": replace_once(
         "block = self.plain.pop()", "block = self.plain[-1]")}),

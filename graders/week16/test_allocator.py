@@ -26,17 +26,18 @@ def random_run(paged, seed: int, *, prefix_caching: bool, ops: int, tokens_from,
         if not live or roll < 0.4:
             seq, tokens = f"s{next_id}", tokens_from(r, bs)
             next_id += 1
+            free, blocks = len(judge.free_blocks()), -(-len(tokens) // bs)
             ok, got = attempt(alloc.allocate, seq, tokens)
             want = judge.allocate(seq, tokens)
             history.append(f"allocate(seq {seq}, {len(tokens)} tokens)")
             if ok != (want is not None):
-                free = len(judge.free_blocks())
                 raise LabCheckFailed(
                     f"{head}: after {'; '.join(history[-4:])}: " + (
-                        f"your allocate raised MemoryError, but {free} blocks are free, enough for it"
+                        f"your allocate raised MemoryError, but {free} blocks were free, enough for its {blocks} "
+                        "(less any cached ones it shares): blocks were lost (a leak on free?)"
                         if want is not None else
-                        f"your allocate succeeded, but only {free} blocks are free, not enough: it must raise "
-                        "MemoryError and change nothing (or blocks were handed out twice)"))
+                        f"your allocate succeeded, but only {free} blocks were free, fewer than it needs: it must "
+                        "raise MemoryError and change nothing (or blocks were handed out twice)"))
             if ok and got != want:
                 raise LabCheckFailed(f"{head}: after {'; '.join(history[-4:])}: allocate returned {got!r} cached "
                                      f"tokens; the prefix cache holds {want} of them (full blocks whose hash chain "
