@@ -136,7 +136,7 @@ _COUNTS: dict = {}
 
 def _reset_counts() -> None:
     _COUNTS.clear()
-    _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[])
+    _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[], allreduce_s=0.0)
     STEP_CLOCK.clear()
 
 
@@ -150,8 +150,14 @@ def _counting_hook(state, bucket):
 
     _COUNTS["bucket_reductions"][bucket.index()] += 1
     tensor = bucket.buffer().div_(dist.get_world_size())
+    launched = time.perf_counter()
     future = _ALL_REDUCE(tensor, async_op=True).get_future()
-    return future.then(lambda fut: fut.value()[0])
+
+    def done(fut):
+        _COUNTS["allreduce_s"] += time.perf_counter() - launched  # launch to completion, overlapped or not
+        return fut.value()[0]
+
+    return future.then(done)
 
 
 def install() -> None:
@@ -208,6 +214,7 @@ def run_experiments(experiments: list[dict], module: str = "train_ddp", function
         results.append({"out": out, "wall_s": wall, "step_ends": list(STEP_CLOCK),
                         "bucket_reductions": dict(_COUNTS["bucket_reductions"]),
                         "python_all_reduce": _COUNTS["python_all_reduce"], "saves": list(_COUNTS["saves"]),
+                        "allreduce_s": _COUNTS["allreduce_s"],
                         "peak_memory_mb": _peak_memory_mb(device)})
     return results
 
