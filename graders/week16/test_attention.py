@@ -44,17 +44,17 @@ def paged_case(seed: int, n_head: int, kv_heads: int, hd: int, bs: int, dtype):
 
 
 @pytest.mark.check("paged-attention")
-def test_paged_attention_equals_contiguous(paged, seed):
+def test_paged_attention_equals_contiguous(paged, seed, device):
     for i, (n_head, kv_heads, hd, bs, dtype) in enumerate(CASES):
         q, k_cache, v_cache, tables, lens, keys, values = paged_case(seed + i, n_head, kv_heads, hd, bs, dtype)
         what = (f"seed {seed + i}: {n_head} query heads, {kv_heads} KV heads, head_dim {hd}, block size {bs}, "
                 f"{dtype}, context lengths {lens.tolist()}")
-        out = paged.paged_attention(q.clone(), k_cache.clone(), v_cache.clone(), tables.clone(), lens.clone())
+        out = paged.paged_attention(*(t.to(device) for t in (q, k_cache, v_cache, tables, lens)))
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape):
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise LabCheckFailed(f"{what}: paged_attention must return (B, n_head, head_dim) = {tuple(q.shape)}, "
                                  f"got {shape}")
-        want = contiguous_attention(q, keys, values)
+        out, want = out.cpu(), contiguous_attention(q, keys, values)
         bad = [b for b in range(len(keys)) if not torch.allclose(out[b].float(), want[b].float(), rtol=2e-2, atol=2e-2)]
         if bad:
             b = bad[0]

@@ -28,12 +28,12 @@ def gather(cache, table, n):
 
 
 @pytest.mark.check("paged-generation")
-def test_generation_through_your_cache(paged, seed):
+def test_generation_through_your_cache(paged, seed, device):
     with torch.no_grad():
-        generate_through(paged, seed)
+        generate_through(paged, seed, device)
 
 
-def generate_through(paged, seed):
+def generate_through(paged, seed, device):
     r = random.Random(seed)
     cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=4, n_kv_head=2, n_layer=2)
     model = GPT(cfg, seed=seed).eval()
@@ -70,8 +70,9 @@ def generate_through(paged, seed):
                 q, k, v = block.attn.qkv_heads(block.norm1(x))
                 write(kc, table, n - 1, k[0])
                 write(vc, table, n - 1, v[0])
-                out = paged.paged_attention(q[:, :, 0], kc, vc, torch.tensor([table]), torch.tensor([n]))
-                x = x + block.attn.proj(out.reshape(1, 1, cfg.d_model).float())
+                args = (q[:, :, 0], kc, vc, torch.tensor([table]), torch.tensor([n]))
+                out = paged.paged_attention(*(t.to(device) for t in args))  # your kernel runs on the GPU if any
+                x = x + block.attn.proj(out.cpu().reshape(1, 1, cfg.d_model).float())
                 x = x + block.mlp(block.norm2(x))
             token = int(model.logits(x)[0, -1].argmax())
         want = greedy_generate(model, prompt, NEW)

@@ -127,7 +127,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     B, H, hd = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     L = int(context_lens.max())
-    pos = torch.arange(L)                                                       # (L,)
+    pos = torch.arange(L, device=q.device)                                      # (L,)
     blocks = block_tables[:, pos // block_size]                                 # (B, L): the block of each token
     k = k_cache[blocks, pos % block_size].float()                               # (B, L, kv_heads, hd)
     v = v_cache[blocks, pos % block_size].float()
