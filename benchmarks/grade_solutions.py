@@ -56,7 +56,7 @@ def main() -> None:
             for c in result.checks:
                 figures = "; ".join(f"{name} {measured}" + (f" (target {target})" if target else "")
                                     for name, f in c.figures.items() for measured, target in [f.shown()])
-                print(f"| {c.id} | {c.status} | {figures} | {c.message[:200 if c.status == "passed" else 900].replace('|', '/')} |")
+                print(f"| {c.id} | {c.status} | {figures} | {c.message[:200 if c.status == 'passed' else 900].replace('|', '/')} |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 
