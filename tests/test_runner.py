@@ -259,3 +259,21 @@ def test_lab_yaml_is_parsed_once_per_grade(tmp_path, cpu, monkeypatch):
     assert parses == ["lab.yaml", "lab.yaml"]  # a week reference: one parse, by the runner
     assert checks["answers"].figures["threshold"].value == 9.0  # ... and that spec is what the judges got
     assert checks["again"].figures["threshold"].value == 9.0
+
+
+def test_two_grader_tests_deciding_one_check_are_refused(tmp_path, cpu):
+    """The runner keeps a check's first verdict, so a second test of the same check could never fail it: such a
+    grader is a course bug, and every check of the grade says so instead of passing."""
+    from minicourse import make_course
+
+    graders = ('import pytest\n\n\n@pytest.mark.check("answers")\ndef test_first(learner):\n'
+               '    assert learner.module("probe").answer() == 42\n\n\n'
+               '@pytest.mark.check("answers")\ndef test_second(learner):\n    assert False, "never reached"\n')
+    course = make_course(tmp_path / "course", '  - id: answers\n    title: "answers 42"\n', graders, "answers")
+    learner = tmp_path / "learner"
+    learner.mkdir()
+    (learner / "probe.py").write_text(GOOD)
+    result = grade(course, "week01", learner, hardware=cpu)
+    check = {c.id: c for c in result.checks}["answers"]
+    assert check.status == "error" and "one test per check" in check.message, (check.status, check.message)
+    assert not result.complete

@@ -81,13 +81,18 @@ class _Session:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config, items):
         known = {c.id: c for c in self.lab.checks}
-        keep, deselected = [], []
+        keep, deselected, owner = [], [], {}
         for item in items:
             marker = item.get_closest_marker("check")
             if marker is None or not marker.args or marker.args[0] not in known:
                 name = marker.args[0] if marker and marker.args else None
                 raise pytest.UsageError(f"{item.nodeid}: grader test names check {name!r}, which lab.yaml does not "
                                         f"define (known: {sorted(known)})")
+            if marker.args[0] in owner:  # the runner keeps a check's first verdict: a second test could not fail it
+                raise pytest.UsageError(f"{item.nodeid} and {owner[marker.args[0]]} both decide check "
+                                        f"{marker.args[0]!r}: one test per check (give each parameter its own check "
+                                        "id, or loop inside one test)")
+            owner[marker.args[0]] = item.nodeid
             item.stash[CHECK_KEY] = marker.args[0]
             (deselected if marker.args[0] in self.skip else keep).append(item)
         # checks that need others' results in this run (performance after correctness) go last, and the report,
