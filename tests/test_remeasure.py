@@ -7,12 +7,13 @@ from infracourse.grading.runner import grade
 CHECKS = ("  - {id: answers, title: \"answers\"}\n"
           "  - {id: flaky, title: \"short once\", kind: performance, requires: [answers]}\n"
           "  - {id: slow, title: \"always short\", kind: performance, requires: [answers]}\n"
-          "  - {id: once, title: \"short once, not a timing\"}\n")
+          "  - {id: once, title: \"short once, not a timing\"}\n"
+          "  - {id: wrong, title: \"timed, wrong output\", kind: performance, requires: [answers]}\n")
 GRADERS = '''import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.guard import LabCheckFailed, WrongOutput
 
-tries = {"flaky": 0, "once": 0}
+tries = {"flaky": 0, "once": 0, "wrong": 0}
 
 
 @pytest.mark.check("answers")
@@ -37,6 +38,13 @@ def test_once():
     tries["once"] += 1
     if tries["once"] == 1:
         raise LabCheckFailed("wrong on the first call")
+
+
+@pytest.mark.check("wrong")
+def test_wrong():
+    tries["wrong"] += 1
+    if tries["wrong"] == 1:
+        raise WrongOutput("the timed outputs are wrong")
 '''
 
 
@@ -49,3 +57,5 @@ def test_timing_checks_are_measured_twice_before_failing(tmp_path, machine):
     assert checks["flaky"].status == "passed"
     assert checks["slow"].status == "failed" and "measured twice" in checks["slow"].message
     assert checks["once"].status == "failed"  # not a timing check: its first verdict stands
+    # a timed check that failed on its outputs is not measured again, nor blamed on a busy machine
+    assert checks["wrong"].status == "failed" and checks["wrong"].message == "the timed outputs are wrong"

@@ -56,6 +56,13 @@ VARIANTS = {
     # class 1: the table's throughput invented to fit the latency, never clocked
     "table throughput invented": ("littles-law", EXPERIMENT, replace_once(
         '"throughput_rps": len(latencies) / wall,', '"throughput_rps": 2 * concurrency / statistics.fmean(latencies),')),
+    # class 3: exact while checked for correctness (its first calls), then half the tokens once clocked
+    "pack computes less when timed": ("effective-gain", SCHEMES, replace_once(
+        "    return torch.cat(seqs), unpack",
+        "    global _calls\n    _calls = globals().get('_calls', 0) + 1\n"
+        "    if _calls > 12:\n        return torch.cat(seqs)[: sum(lengths) // 2], lambda logits: [\n"
+        "            torch.zeros(n, logits.shape[-1]) for n in lengths]\n"
+        "    return torch.cat(seqs), unpack")),
     # class 2: a sabotaged pad cannot make a wasteful pack pass: the baseline is the grader's own padding
     "pad sabotaged to flatter a padding pack": ("effective-gain", SCHEMES, lambda text: replace_once(
         "    return torch.cat(seqs), unpack",

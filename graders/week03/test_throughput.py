@@ -9,7 +9,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from infracourse import bench
 from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.guard import LabCheckFailed, WrongOutput
 
 KEYS = ("utilisation", "tokens_per_s", "useful_tokens_per_s")
 
@@ -52,6 +52,7 @@ def test_effective_gain(schemes, workload, learner, device, lab_check, record):
     packed = learner.worker.build(WorkerObject("infracourse.kit.sequences:SchemeLoop",
                                                (schemes.pack, workload.remote_model, batches)))
     padded_s, packed_s = _fastest_seconds([padded, packed], device)
+    _require_timed_outputs(packed.digest(), model, batches)
     gain = padded_s / packed_s  # same useful tokens in both
     target = lab_check.threshold * workload.factor
     record("useful-token gain", gain, target=target, unit="x")
@@ -64,6 +65,27 @@ def test_effective_gain(schemes, workload, learner, device, lab_check, record):
             f"{lab_check.threshold:.0%} of the factor, {target:.2f}x). Your pack hands the model {positions:.2f} "
             "positions per real token (1.00 is the goal): concatenate the sequences with one torch.cat, no padding, "
             "and keep per-sequence Python work out of the batch.")
+
+
+def _require_timed_outputs(digest, model, batches):
+    """The outputs of the last timed pass are the model's outputs for each sequence alone: a pack that is exact
+    when checked for correctness but computes less while clocked fails here (compared by shape and sum, which
+    the grader recomputes with its own copy of the model)."""
+    for b, (seqs, outputs) in enumerate(zip(batches, list(digest) + [[]] * len(batches))):
+        if len(outputs) != len(seqs):
+            raise WrongOutput(f"in the timed passes, unpack returned {len(outputs)} outputs for the {len(seqs)} "
+                                 f"sequences of batch {b}: the clocked pack must be the same exact scheme as the "
+                                 "one checked for correctness")
+        for i, (seq, (shape, total)) in enumerate(zip(seqs, outputs)):
+            want = model(seq).double()
+            expected = float(want.sum())
+            if shape != tuple(want.shape) or not math.isclose(total, expected, rel_tol=1e-4,
+                                                              abs_tol=1e-4 * float(want.abs().sum()) + 1e-6):
+                raise WrongOutput(
+                    f"in the timed passes, sequence {i} of batch {b} came back with shape {shape} and sum "
+                    f"{total:.6g}, but the model's output for it alone has shape {tuple(want.shape)} and sum "
+                    f"{expected:.6g}: the throughput was measured on outputs that are wrong. The clocked pack must "
+                    "compute every real token, exactly as when it is checked for correctness")
 
 
 def _require_raw_data(name, result, timed, repeats, useful_tokens):

@@ -28,7 +28,7 @@ from infracourse.grading.fixtures import CHECK_KEY
 from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure
-from infracourse.guard import LabCheckFailed
+from infracourse.guard import LabCheckFailed, WrongOutput
 from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "
@@ -113,6 +113,8 @@ class _Session:
         arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
         try:
             pyfuncitem.obj(**arguments)
+        except WrongOutput:
+            raise
         except LabCheckFailed:
             try:
                 pyfuncitem.obj(**arguments)
