@@ -136,7 +136,8 @@ _COUNTS: dict = {}
 
 def _reset_counts() -> None:
     _COUNTS.clear()
-    _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[], allreduce_s=0.0)
+    _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[], allreduce_s=0.0,
+                   allreduce_spans=[])
     STEP_CLOCK.clear()
 
 
@@ -154,7 +155,9 @@ def _counting_hook(state, bucket):
     future = _ALL_REDUCE(tensor, async_op=True).get_future()
 
     def done(fut):
-        _COUNTS["allreduce_s"] += time.perf_counter() - launched  # launch to completion, overlapped or not
+        finished = time.perf_counter()
+        _COUNTS["allreduce_s"] += finished - launched  # launch to completion, overlapped or not
+        _COUNTS["allreduce_spans"].append((launched, finished))  # placed in its step by the judge
         return fut.value()[0]
 
     return future.then(done)
@@ -214,7 +217,7 @@ def run_experiments(experiments: list[dict], module: str = "train_ddp", function
         results.append({"out": out, "wall_s": wall, "step_ends": list(STEP_CLOCK),
                         "bucket_reductions": dict(_COUNTS["bucket_reductions"]),
                         "python_all_reduce": _COUNTS["python_all_reduce"], "saves": list(_COUNTS["saves"]),
-                        "allreduce_s": _COUNTS["allreduce_s"],
+                        "allreduce_s": _COUNTS["allreduce_s"], "allreduce_spans": list(_COUNTS["allreduce_spans"]),
                         "peak_memory_mb": _peak_memory_mb(device)})
     return results
 
