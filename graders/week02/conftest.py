@@ -1,9 +1,12 @@
-"""Shared fixtures of the week 2 graders: the dataset, the learner's modules, one reduced sweep run with the
-learner's own script, and the grader's own measurement of a configuration's steady training step.
+"""Shared fixtures of the week 2 graders: the dataset, the learner's modules, the run's plan drawn from the
+seed, one reduced sweep run with the learner's own script under observation (the course's model, handed in as
+`trainer`, stamps every step it trains and keeps the batch it trained on), and the grader's own measurement of
+a configuration's steady training step.
 
 The learner's code runs in the grading worker, which sees only its scratch folder: the dataset is written
 there (the grader checks readers against the seed's arrays, never against those files)."""
 import csv
+import random
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,9 +17,34 @@ from infracourse.guard import LabCheckFailed
 from infracourse.kit.data import ensure_dataset
 from infracourse.kit.threads import intra_op_threads
 
-# The reduced sweep the grader re-runs: every read method and worker setting at two batch sizes.
-REDUCED = [{"read": read, "batch_size": batch, "workers": workers}
-           for read in ("file", "packed") for batch in (32, 128) for workers in (0, 2)]
+# The reduced sweep the grader re-runs: every read method and worker setting at two batch sizes, 32 (the
+# report's baseline) and one drawn from the run's seed.
+SECOND_BATCH = (48, 64, 80, 96, 112, 128)
+BASELINE = ("file", 32, 0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What this run asks for, drawn from the seed: the sweep's second batch size, the batch size readers are
+    checked with (rarely a divisor of the dataset, so a last partial batch must be dropped), and the packed
+    probe's batch size."""
+
+    seed: int
+    batch: int
+    readers_batch: int
+    probe_batch: int
+
+    @property
+    def configs(self) -> list[dict]:
+        return [{"read": read, "batch_size": batch, "workers": workers}
+                for read in ("file", "packed") for batch in (32, self.batch) for workers in (0, 2)]
+
+
+@pytest.fixture(scope="session")
+def plan(seed):
+    rng = random.Random(seed)
+    return Plan(seed=seed, batch=rng.choice(SECOND_BATCH), readers_batch=rng.randrange(150, 320),
+                probe_batch=rng.randrange(96, 256))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,19 +72,25 @@ def script(learner):
 
 @dataclass
 class Sweep:
-    """The learner's sweep() over REDUCED, as read back from the CSV it wrote (the deliverable)."""
+    """The learner's sweep() over the plan's configurations: the rows read back from the CSV it wrote (the
+    deliverable), and the steps the stamped trainer saw, one list per trainer made (runs[i] should be config i)."""
 
-    configs: list = field(default_factory=lambda: [dict(c) for c in REDUCED])
+    configs: list
     warmup: int = 2
     steps: int = 8
     rows: list = field(default_factory=list)
+    runs: list = field(default_factory=list)
 
 
 @pytest.fixture(scope="session")
-def sweep(script, root, learner):
-    run = Sweep()
+def sweep(script, root, learner, plan):
+    run = Sweep(configs=plan.configs)
     out = learner.worker.scratch / "sweep-results.csv"  # written by the worker, read here as untrusted data
-    script.sweep(root, [dict(c) for c in run.configs], out, warmup=run.warmup, steps=run.steps)
+    # The course's model and optimiser, stamped: built in the worker, handed to the learner's sweep, which
+    # makes one trainer per configuration. What it recorded is the grader's observation of the runs.
+    trainer = learner.worker.build(WorkerObject("infracourse.kit.data:StampedTrainer"))
+    script.sweep(root, [dict(c) for c in run.configs], out, warmup=run.warmup, steps=run.steps, trainer=trainer)
+    run.runs = trainer.take()
     if not out.exists():
         raise LabCheckFailed("sweep() wrote no CSV file at the path it was given")
     with out.open(newline="") as fh:
@@ -66,22 +100,27 @@ def sweep(script, root, learner):
 
 @pytest.fixture(scope="session")
 def steady_step(loaders, root, device, learner):
-    """steady_step(read, batch_size, workers) -> seconds per training step, measured by the grader.
+    """steady_step(read, batch_size, workers, course=False) -> (seconds per training step, batch digests),
+    measured by the grader.
 
-    The learner's loader feeds the course's fixed model in the worker (kit.data.StepLoop); each clocked call
+    The learner's loader (with course=True the course's own per-file loader, kit.data.course_file_loader: a
+    baseline never comes from code the learner edits) feeds the course's fixed model in the worker
+    (kit.data.StepLoop); each clocked call
     runs STEPS steps (fetch a batch, copy it to the device, train, wait for the device), timed here on the
     host clock from the request to its answer: a step's time includes the host waiting for data, which
     device events do not see, and the one round trip per call is spread over STEPS steps.
     """
     steps = 4
 
-    def measure(read, batch_size, workers, reps=5):
+    def measure(read, batch_size, workers, reps=5, course=False):
+        make_loader = None if course else loaders.make_loader
         loop = learner.worker.build(WorkerObject("infracourse.kit.data:StepLoop",
-                                                 (loaders.make_loader, root, read, batch_size, workers, device)))
+                                                 (make_loader, root, read, batch_size, workers, device)))
         try:
             timing = bench.measure(lambda: loop(steps), warmup=1, reps=reps, flush_l2=False, device="cpu")
+            digests = loop.digests()
         finally:
             loop.close()  # stops persistent loader workers
-        return timing.median_s / steps
+        return timing.median_s / steps, digests
 
     return measure

@@ -1,5 +1,7 @@
-"""Week 2 raw data: the learner's sweep, re-run on a reduced grid, covers every configuration, splits each
-step into data wait, transfer and compute that add up, times the transfer for real, records resources."""
+"""Week 2 raw data: the learner's sweep, re-run on a reduced grid drawn from the run's seed, covers every
+configuration, describes runs the grader observed (the stamped course model handed in as `trainer`), splits
+each step into data wait, transfer and compute that add up, agrees with the grader's own unobserved
+measurement, times the transfer for real, records resources."""
 import math
 import statistics
 
@@ -9,7 +11,9 @@ import torch
 
 from infracourse import bench
 from infracourse.guard import LabCheckFailed
-from infracourse.kit.data import ImageSet, to_device
+from infracourse.kit.data import ImageSet, dataset_batches, to_device
+
+from conftest import BASELINE
 
 REQUIRED = ["read", "batch_size", "workers", "warmup", "steps", "samples_per_s", "step_ms", "data_ms",
             "transfer_ms", "compute_ms", "cpu_percent", "rss_mb", "disk_read_mb", "gpu_util"]
@@ -76,14 +80,79 @@ def test_step_breakdown(sweep, steady_step, record):
         if abs(float(row["samples_per_s"]) - expected) > 0.10 * expected:
             raise LabCheckFailed(f"row {_label(row)}: samples_per_s is {float(row['samples_per_s']):.0f} but "
                                  f"batch_size / step gives {expected:.0f}")
-    # The learner's step time must agree with the grader's own measurement of the same configuration.
-    reference = steady_step("file", 32, 0) * 1e3
-    theirs = float(rows[("file", 32, 0)]["step_ms"]) if ("file", 32, 0) in rows else None
+    # The learner's step time (an observed run, the learner's loader) must agree with the grader's own
+    # unobserved measurement of the same configuration with the course's per-file loader.
+    reference = steady_step(*BASELINE, course=True)[0] * 1e3
+    theirs = float(rows[BASELINE]["step_ms"]) if BASELINE in rows else None
     record("baseline step (grader)", reference, unit="ms")
     if theirs is not None and not reference / 3 <= theirs <= reference * 3:  # wide: a shared machine's load varies
         raise LabCheckFailed(f"read=file batch_size=32 workers=0: your step time is {theirs:.2f} ms, the grader "
-                             f"measures {reference:.2f} ms for the same configuration. Time whole steps on the "
-                             "host clock, waiting for the device before reading it.")
+                             f"measures {reference:.2f} ms for the same configuration with the course's per-file "
+                             "loader. Time whole steps on the host clock, waiting for the device before reading "
+                             "it, and leave FileDataset as the naive baseline it is.")
+
+
+@pytest.mark.check("runs-observed")
+def test_runs_observed(sweep, record):
+    """Each row describes the run the stamped trainer saw: one trainer per configuration, in the order given,
+    warmup + steps steps at the row's batch size on the dataset's batches; the row's step and compute times
+    hold the stamped times of its timed steps (same run, same clock: tight bounds that load does not move)."""
+    rows = _rows_by_config(sweep)
+    if len(sweep.runs) != len(sweep.configs):
+        raise LabCheckFailed(
+            f"sweep() was given {len(sweep.configs)} configurations and made {len(sweep.runs)} trainers with the "
+            "`trainer` it was given: call trainer(device) once per configuration, before its warm-up, and train "
+            "every step with that model and optimiser (train_step). A row is graded against the run it describes.")
+    worst = 0.0
+    for config, run in zip(sweep.configs, sweep.runs):
+        key = (config["read"], config["batch_size"], config["workers"])
+        what = f"read={key[0]} batch_size={key[1]} workers={key[2]}"
+        row = rows.get(key)
+        if row is None:
+            continue  # csv-complete says which rows are missing
+        total = sweep.warmup + sweep.steps
+        if len(run) != total:
+            raise LabCheckFailed(f"{what}: the trainer made for this configuration trained {len(run)} steps; "
+                                 f"warmup={sweep.warmup} + steps={sweep.steps} = {total} were asked for")
+        if any(size != key[1] for *_, size in run):
+            raise LabCheckFailed(f"{what}: the trainer saw batches of {sorted({s for *_, s in run})} samples, "
+                                 f"not {key[1]}")
+        if any(not math.isfinite(end) for _, end, *_ in run):
+            raise LabCheckFailed(f"{what}: a step ran the model but not the optimiser step: use train_step")
+        known = dataset_batches(ImageSet(), key[1])
+        batches = [known.get(digest) for _, _, digest, _ in run]
+        if None in batches:
+            i = batches.index(None)
+            raise LabCheckFailed(f"{what}: step {i} trained on images that are not one of the dataset's batches of "
+                                 f"{key[1]} (samples k*{key[1]}..): feed train_step the loader's batches")
+        if len(known) > 1 and any(a == b for a, b in zip(batches, batches[1:])):
+            raise LabCheckFailed(f"{what}: two consecutive steps trained on the same batch ({batches}): every step "
+                                 "takes the loader's next batch")
+        timed = run[sweep.warmup:]
+        after_warmup = run[sweep.warmup - 1][1]  # the warm-up's last optimiser step ended here
+        first_start, last_end = timed[0][0], timed[-1][1]
+        step_total = float(row["step_ms"]) * sweep.steps / 1e3
+        compute_total = float(row["compute_ms"]) * sweep.steps / 1e3
+        stamped_compute = sum(end - start for start, end, *_ in timed)
+        # The timed loop contains every timed step's model call and optimiser step, and lies after the
+        # warm-up's last step: a step time outside these bounds is not this run's.
+        low, high = (last_end - first_start) * 0.97 - 1e-4, (last_end - after_warmup) * 1.10 + 5e-4
+        worst = max(worst, step_total / max(last_end - first_start, 1e-9))
+        if not low <= step_total <= high:
+            raise LabCheckFailed(
+                f"{what}: step_ms {float(row['step_ms']):.3f} ms, but the stamped model trained these "
+                f"{sweep.steps} timed steps in {(last_end - first_start) / sweep.steps * 1e3:.3f} ms each "
+                f"(at most {(last_end - after_warmup) / sweep.steps * 1e3:.3f} ms with the data waits): time the "
+                "steps you report, on the host clock, from before the first timed batch is fetched to after "
+                "the last step, and divide by the steps.")
+        if compute_total < stamped_compute * 0.97 - 1e-4 or \
+                compute_total > stamped_compute * 1.25 + 0.25 * (last_end - after_warmup):
+            raise LabCheckFailed(
+                f"{what}: compute_ms {float(row['compute_ms']):.3f} ms, but train_step ran "
+                f"{stamped_compute / sweep.steps * 1e3:.3f} ms a step (from its forward to the end of its "
+                "optimiser step, stamped by the model): the compute clock starts just before train_step and "
+                "stops after it (and the device) finished, and holds nothing else.")
+    record("reported step over stamped span (worst)", worst, unit="x")
 
 
 @pytest.mark.check("transfer-timed")

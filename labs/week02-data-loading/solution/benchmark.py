@@ -40,11 +40,11 @@ def _tree_rss_mb(process: psutil.Process) -> float:
 
 
 def run_config(root: Path, read: str, batch_size: int, workers: int, *, warmup: int = 5, steps: int = 30,
-               device: str | None = None) -> dict:
+               device: str | None = None, trainer=new_trainer) -> dict:
     """Train `steps` timed steps after `warmup` untimed ones; return one row of COLUMNS (times are means)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    model, optimizer = new_trainer(device)
+    model, optimizer = trainer(device)  # one model per configuration, made before its warm-up
     batches = _endless(make_loader(root, read, batch_size, workers))
     for _ in range(warmup):  # starts the workers, fills their prefetch queues, warms the allocator
         train_step(model, optimizer, *to_device(next(batches), device))
@@ -81,14 +81,15 @@ def run_config(root: Path, read: str, batch_size: int, workers: int, *, warmup: 
     }
 
 
-def sweep(root: Path, configs: list[dict], out_csv: Path, *, warmup: int = 5, steps: int = 30) -> list[dict]:
+def sweep(root: Path, configs: list[dict], out_csv: Path, *, warmup: int = 5, steps: int = 30,
+          trainer=new_trainer) -> list[dict]:
     """Run every configuration ({read, batch_size, workers}) and write one CSV row each to out_csv."""
     rows = []
     with open(out_csv, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()
         for config in configs:
-            rows.append(run_config(root, **config, warmup=warmup, steps=steps))
+            rows.append(run_config(root, **config, warmup=warmup, steps=steps, trainer=trainer))
             writer.writerow(rows[-1])
             fh.flush()  # rows measured so far survive a crash in a later configuration
     return rows

@@ -18,19 +18,22 @@ CHOSEN = {"read": "file", "batch_size": 32, "workers": 0}  # TODO(week02): the b
 
 
 def run_config(root: Path, read: str, batch_size: int, workers: int, *, warmup: int = 5, steps: int = 30,
-               device: str | None = None) -> dict:
+               device: str | None = None, trainer=new_trainer) -> dict:
     """Train `steps` timed steps after `warmup` untimed ones; return one row of COLUMNS (times are means).
 
-    Use new_trainer(device) for the model, make_loader for the batches, to_device for the copy and
-    train_step for the step. The three parts of a step and the step itself are timed on the host clock;
+    Make the model and optimiser once, before the warm-up, with trainer(device) (the grader hands in the
+    course's model, which records the steps it trains); make_loader for the batches, to_device for the copy
+    and train_step for every step. The three parts of a step and the step itself are timed on the host clock;
     on a GPU, synchronise before every clock read.
     """
     # TODO(week02): warm-up steps, then the timed loop; psutil for cpu_percent, rss_mb and disk_read_mb.
     raise NotImplementedError("run_config(): time data wait, transfer and compute for each step")
 
 
-def sweep(root: Path, configs: list[dict], out_csv: Path, *, warmup: int = 5, steps: int = 30) -> list[dict]:
-    """Run every configuration ({read, batch_size, workers}) and write one CSV row (COLUMNS) each to out_csv."""
+def sweep(root: Path, configs: list[dict], out_csv: Path, *, warmup: int = 5, steps: int = 30,
+          trainer=new_trainer) -> list[dict]:
+    """Run every configuration ({read, batch_size, workers}), in the order given, passing `trainer` on to
+    run_config, and write one CSV row (COLUMNS) each to out_csv."""
     # TODO(week02): csv.DictWriter(fieldnames=COLUMNS); one run_config per configuration.
     raise NotImplementedError("sweep(): run each configuration and write results.csv")
 

@@ -9,6 +9,7 @@ the week is about feeding it, and a model that cheap makes a slow input pipeline
 """
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import tempfile
@@ -142,17 +143,130 @@ def epoch(loader) -> list:
     return list(loader)
 
 
+def batch_digest(images) -> int:
+    """A checksum of a batch's images (crc32 of their bytes): a grader compares the batches a learner's code
+    trained on with the dataset's own batches without sending the batches back."""
+    import zlib
+
+    array = images.detach().cpu().contiguous().numpy() if torch.is_tensor(images) else np.ascontiguousarray(images)
+    return zlib.crc32(np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def dataset_batches(spec: ImageSet, batch_size: int) -> dict[int, int]:
+    """{digest: k} of the dataset's full batches k (samples k*B .. (k+1)*B - 1), from the seed's arrays."""
+    images, _ = spec.arrays()
+    return {batch_digest(images[k * batch_size:(k + 1) * batch_size]): k for k in range(spec.samples // batch_size)}
+
+
+class CourseFileDataset(torch.utils.data.Dataset):
+    """The course's own per-file reader (frozen): the baseline a grader measures, never the learner's copy."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.labels = np.load(self.root / "labels.npy")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return torch.from_numpy(np.load(sample_path(self.root, index))), int(self.labels[index])
+
+
+def course_file_loader(root: Path, read: str, batch_size: int, workers: int):
+    """The naive baseline as the course writes it: one .npy file per sample, the default collate, in order.
+    Same signature as a learner's make_loader; `read` must be "file"."""
+    if read != "file":
+        raise ValueError("the course's baseline loader reads one file per sample only")
+    return torch.utils.data.DataLoader(CourseFileDataset(root), batch_size=batch_size, num_workers=workers,
+                                       drop_last=True, persistent_workers=workers > 0)
+
+
+class _StampedNet(SmallNet):
+    def __init__(self, log: list, cuda: bool):
+        super().__init__()
+        self._log, self._cuda = log, cuda
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        import time
+
+        entry = {"start": time.perf_counter(), "batch": images}
+        if self._cuda:
+            entry["events"] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            entry["events"][0].record()
+        self._log.append(entry)
+        return super().forward(images)
+
+
+class _StampedSGD(torch.optim.SGD):
+    def __init__(self, params, log: list, cuda: bool, **kwargs):
+        super().__init__(params, **kwargs)
+        self._log, self._cuda = log, cuda
+
+    def step(self, closure=None):
+        import time
+
+        out = super().step(closure)
+        if self._log and "end" not in self._log[-1]:
+            entry = self._log[-1]
+            if self._cuda:
+                entry["events"][1].record()
+            entry["end"] = time.perf_counter()
+        return out
+
+
+class StampedTrainer:
+    """`new_trainer` as a grader hands it to a learner's sweep: `trainer(device)` returns the same seeded model
+    and SGD optimiser, which keep a record of every training step they run (when its forward began and its
+    optimiser step ended, on the worker's clock, and the batch it trained on). Built in the grading worker;
+    `take()` returns, for each trainer made since the last take, its steps as (start_s, end_s, batch digest,
+    batch size) and clears them.
+
+    On a GPU the end of a step is the start stamp plus the length CUDA events measured: the wrapper adds no
+    synchronise of its own, so code that forgets to wait for the device still reads a clock too early."""
+
+    def __init__(self):
+        self._runs: list[list[dict]] = []
+
+    def __call__(self, device: str, seed: int = 0):
+        log: list[dict] = []
+        self._runs.append(log)
+        cuda = str(device).startswith("cuda")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _StampedNet(log, cuda).to(device)
+        return model, _StampedSGD(model.parameters(), log, cuda, lr=0.05)
+
+    def take(self) -> list[list[tuple[float, float, int, int]]]:
+        runs, self._runs = self._runs, []
+        out = []
+        for log in runs:
+            steps = []
+            for entry in log:
+                start, end = entry["start"], entry.get("end", math.nan)
+                if "events" in entry and "end" in entry:
+                    entry["events"][1].synchronize()
+                    end = start + entry["events"][0].elapsed_time(entry["events"][1]) / 1e3
+                images = entry["batch"]
+                steps.append((start, end, batch_digest(images), int(images.shape[0]) if images.dim() else 0))
+            out.append(steps)
+        return out
+
+
 class StepLoop:
-    """Training steps fed by a learner's loader, built in the grading worker: `make_loader(root, read,
-    batch_size, workers)` is the learner's, the model and the step are the course's. A call runs `steps` steps
-    (fetch a batch, copy it to the device, train, wait for the device), so the grader can clock whole calls
-    from its own process; `close()` drops the loader, which stops its persistent workers."""
+    """Training steps fed by a loader, built in the grading worker: `make_loader(root, read, batch_size,
+    workers)` is the learner's (or None: the course's own per-file baseline, `course_file_loader`), the model
+    and the step are the course's. A call runs `steps` steps (fetch a batch, copy it to the device, train, wait
+    for the device), so the grader can clock whole calls from its own process; `digests()` gives the digest of
+    every batch trained on, in order, so the grader checks the batches that were timed; `close()` drops the
+    loader, which stops its persistent workers."""
 
     def __init__(self, make_loader, root, read: str, batch_size: int, workers: int, device: str):
         self.device = device
         self.model, self.optimizer = new_trainer(device)
-        self.loader = make_loader(root, read, batch_size, workers)
+        self.loader = (make_loader or course_file_loader)(root, read, batch_size, workers)
         self.batches = iter(self.loader)
+        self.trained: list = []  # the batches' images, kept (not digested) so the timed steps pay nothing extra
+        self.epochs = 0
 
     def __call__(self, steps: int = 1) -> int:
         for _ in range(steps):
@@ -160,11 +274,45 @@ class StepLoop:
                 batch = next(self.batches)
             except StopIteration:  # a new epoch (the grader's median keeps the restart out of the figure)
                 self.batches = iter(self.loader)
+                self.epochs += 1
+                self.trained.append(None)  # marks the epoch boundary
                 batch = next(self.batches)
-            train_step(self.model, self.optimizer, *to_device(tuple(batch), self.device))
+            images, labels = to_device(tuple(batch), self.device)
+            self.trained.append(images)
+            train_step(self.model, self.optimizer, images, labels)
         if self.device == "cuda":
             torch.cuda.synchronize()
         return steps
 
+    def digests(self) -> list:
+        """One digest per batch trained on, in order; None where a new epoch began."""
+        out = [None if images is None else batch_digest(images) for images in self.trained]
+        self.trained = []
+        return out
+
     def close(self) -> None:
         self.batches = self.loader = None
+        self.trained = []
+
+
+class BatchProbe:
+    """A loader iterated one batch at a time by the grader (built in the grading worker), so the grader can
+    change the files between two batches and see which batches change: `next()` returns the next
+    (images, labels), `rest()` the remaining batches of the epoch."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.batches = iter(loader)
+
+    def next(self):
+        return next(self.batches)
+
+    def rest(self) -> list:
+        out = list(self.batches)
+        self.batches = self.loader = None
+        return out
+
+
+def getitem(obj, key):
+    """obj[key], run in the grading worker (a grader asks a learner's dataset for a batch of indices)."""
+    return obj[key]
