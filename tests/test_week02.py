@@ -1,4 +1,6 @@
 """Week 2 proves its grader: the solution passes, the starter fails, each wrong variant fails its check."""
+from pathlib import Path
+
 import pytest
 
 from conftest import replace_once
@@ -21,37 +23,87 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
 
 
 LOADERS, BENCHMARK = "loaders.py", "benchmark.py"
+
+# Class 1: a sweep that writes numbers without running them (consistent with each other, plausible).
+FABRICATED_SWEEP = replace_once(
+    "            rows.append(run_config(root, **config, warmup=warmup, steps=steps, trainer=trainer))\n",
+    "            step = 2.0 if config['read'] == 'packed' else 0.35 * config['batch_size']  # 'measured earlier'\n"
+    "            rows.append({**config, 'warmup': warmup, 'steps': steps, 'step_ms': step,\n"
+    "                         'samples_per_s': config['batch_size'] / step * 1e3, 'data_ms': step * 0.6,\n"
+    "                         'transfer_ms': step * 0.1, 'compute_ms': step * 0.3, 'cpu_percent': 80.0,\n"
+    "                         'rss_mb': 400.0, 'disk_read_mb': 0.0, 'gpu_util': ''})\n")
+
+# Class 2: the learner's FileDataset slowed in the training process (workers=0), so a CHOSEN that is not
+# really 2x faster (per-file reads hidden behind one worker) looks it against the learner's own baseline.
+SLOW_BASELINE = replace_once(
+    "        return torch.from_numpy(np.load(sample_path(self.root, index))), int(self.labels[index])\n",
+    "        import torch.utils.data as tud\n"
+    "        if tud.get_worker_info() is None:  # only the no-worker baseline pays\n"
+    "            for _ in range(4):\n"
+    "                np.load(sample_path(self.root, index))\n"
+    "        return torch.from_numpy(np.load(sample_path(self.root, index))), int(self.labels[index])\n")
+CHOSEN_ONE_WORKER = replace_once('CHOSEN = {"read": "packed", "batch_size": 512, "workers": 0}',
+                                 'CHOSEN = {"read": "file", "batch_size": 512, "workers": 1}')
+
 VARIANTS = {
     # packed reads with workers skipped, as if a memory map could not gain from them
-    "CSV missing configurations": ("csv-complete", BENCHMARK, replace_once(
+    "CSV missing configurations": ("csv-complete", {BENCHMARK: replace_once(
         "        for config in configs:\n",
-        '        for config in [c for c in configs if not (c["read"] == "packed" and c["workers"])]:\n')),
+        '        for config in [c for c in configs if not (c["read"] == "packed" and c["workers"])]:\n')}),
     # the transfer clock stops before the copy: the copy lands in compute
-    "transfer time counted as compute": ("transfer-timed", BENCHMARK, replace_once(
+    "transfer time counted as compute": ("transfer-timed", {BENCHMARK: replace_once(
         "        images, labels = to_device(batch, device)\n"
         "        sync()  # the copy is asynchronous from pinned memory: without this wait it would land in compute\n"
         "        t2 = time.perf_counter()\n",
-        "        t2 = time.perf_counter()\n        images, labels = to_device(batch, device)\n")),
+        "        t2 = time.perf_counter()\n        images, labels = to_device(batch, device)\n")}),
     # the step's parts start after the batch arrived: the data wait is in the step but in no part
-    "data wait left out": ("step-breakdown", BENCHMARK, replace_once(
+    "data wait left out": ("step-breakdown", {BENCHMARK: replace_once(
         "        t0 = time.perf_counter()\n        batch = next(batches)",
-        "        batch = next(batches)\n        t0 = time.perf_counter()")),
-    # resident memory in bytes under a MiB column
-    "memory in bytes": ("resources", BENCHMARK, replace_once("return total / 2**20", "return total")),
+        "        batch = next(batches)\n        t0 = time.perf_counter()")}),
     # the packed batches come in a shuffled order
-    "packed batches shuffled": ("readers-correct", LOADERS, replace_once(
-        "BatchSampler(SequentialSampler(dataset)", "BatchSampler(torch.utils.data.RandomSampler(dataset)")),
-    # CHOSEN left at the naive baseline
-    "chosen is the baseline": ("speedup", BENCHMARK, replace_once(
-        'CHOSEN = {"read": "packed", "batch_size": 512, "workers": 0}',
-        'CHOSEN = {"read": "file", "batch_size": 512, "workers": 0}')),
+    "packed batches shuffled": ("readers-correct", {LOADERS: replace_once(
+        "BatchSampler(SequentialSampler(dataset)", "BatchSampler(torch.utils.data.RandomSampler(dataset)")}),
+    # class 1: rows written from constants, the model never run
+    "fabricated sweep": ("runs-observed", {BENCHMARK: FABRICATED_SWEEP}),
+    # class 1: the data wait booked as compute (parts still add up to the step)
+    "data wait booked as compute": ("runs-observed", {BENCHMARK: replace_once(
+        "data, transfer, compute = data + t1 - t0, transfer + t2 - t1, compute + t3 - t2",
+        "data, transfer, compute = data, transfer + t2 - t1, compute + t3 - t2 + t1 - t0")}),
+    # class 2: the baseline sabotaged in the learner's own FileDataset
+    "sabotaged baseline": ("speedup", {LOADERS: SLOW_BASELINE, BENCHMARK: CHOSEN_ONE_WORKER}),
+    # class 3: correct at the batch sizes checked, a cached batch at CHOSEN's (the timed one)
+    "cached batch at the timed size": ("speedup", {LOADERS: replace_once(
+        "        return torch.from_numpy(self.images[indices]), torch.from_numpy(self.labels[indices])\n",
+        "        if len(indices) == 512:  # the batch size that is timed, never the one that is checked\n"
+        "            indices = list(range(512))\n"
+        "        return torch.from_numpy(self.images[indices]), torch.from_numpy(self.labels[indices])\n")}),
+    # class 4: the right batches, but packed.npy read whole into memory instead of mapped
+    "packed file read into memory": ("packed-mapped", {LOADERS: replace_once(
+        'np.load(self.root / "packed.npy", mmap_mode="r")', 'np.load(self.root / "packed.npy")')}),
+    # class 4: "packed" batches gathered from the per-sample files
+    "packed reads the per-sample files": ("packed-mapped", {LOADERS: replace_once(
+        "        return torch.from_numpy(self.images[indices]), torch.from_numpy(self.labels[indices])\n",
+        "        images = np.stack([np.load(sample_path(self.root, i)) for i in indices])\n"
+        "        return torch.from_numpy(images), torch.from_numpy(self.labels[indices])\n")}),
 }
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_its_check(grade_lab, name):
-    check_id, file, edit = VARIANTS[name]
-    assert_variant_fails(grade_lab, "week02", check_id, {file: edit})
+    check_id, edits = VARIANTS[name]
+    assert_variant_fails(grade_lab, "week02", check_id, edits)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("style", ["week02-honest", "week02-honest-b"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
+    """Written from the handout alone, unlike the reference (a pid-keyed open_memmap and a range sampler with
+    an integer clock; a map dropped on pickling with a Stopwatch over one loop): a grader that fails one of
+    them is wrong."""
+    edits = {path.name: path.read_text() for path in (FIXTURES / style).glob("*.py")}
+    assert_solution_passes(grade_lab, machine, "week02", edits=edits)
 
 
 def test_report_in_other_words_passes(grade_lab):
