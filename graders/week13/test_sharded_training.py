@@ -26,7 +26,8 @@ LAUNCH_TIMEOUT_S = 150
 def start(learner, seed, tmp_path_factory, world: int, experiments: dict, device: str = "cpu"):
     scratch = tmp_path_factory.mktemp(f"{device}-world{world}")
     proc = start_ranks("infracourse.kit.sharding", "rank_main", learner_dir=learner.root, world_size=world,
-                       kwargs={"experiments": experiments, "seed": seed}, device=device, scratch=scratch)
+                       kwargs={"experiments": experiments, "seed": seed}, device=device, scratch=scratch,
+                       probe="infracourse.kit.sharding")  # times the collectives inside each step
     return proc, scratch
 
 
@@ -193,3 +194,48 @@ def test_checkpoint_saves_less(launches, seed, record):
             "its input is kept and its insides are recomputed in backward.")
     record("saved activation bytes, plain", want["bytes"], unit="B", bytes=want["bytes"])
     record("saved activation bytes, checkpointed", nbytes, unit="B", bytes=nbytes)
+
+
+def step_figures(launches, name: str, world: int, seed: int) -> dict:
+    """The course's clock of experiment `name` in `world`: per rank, the steps after the first (the first builds
+    buffers and warms gloo's connections), each timed by the course around forward, backward and the optimiser
+    step with the time and payload inside collectives read before and after. Held against the judge's own
+    clock around the launch. Returns the step time (median of the slowest rank), the communication share (time
+    inside collectives / step time, summed over the same steps, mean of the ranks), the payload per step (every
+    step of every rank moves the same bytes, or the message says which did not)."""
+    ranks = results(launches, name, world, seed)
+    shares, medians, payloads = [], [], set()
+    for rank, part in enumerate(ranks):
+        steps = part.get("steps") or []
+        if len(steps) < 2:
+            raise LabCheckFailed(f"the course clocked {len(steps)} {name} steps on rank {rank} of {world} (seed "
+                                 f"{seed}): a course bug, not yours; please report it")
+        timed = steps[1:]
+        total, comm = sum(t["s"] for t in timed), sum(t["comm_s"] for t in timed)
+        if not 0 <= comm <= total * 1.01 or total > launches[world].wall_s:
+            raise LabCheckFailed(f"rank {rank} of {world}: {comm:.4f} s inside collectives in {total:.4f} s of "
+                                 f"{name} steps, in a launch the grader clocked at {launches[world].wall_s:.2f} s: "
+                                 "the course's clocks inside the rank were disturbed")
+        shares.append(comm / total)
+        medians.append(sorted(t["s"] for t in timed)[len(timed) // 2])
+        payloads |= {t["comm_bytes"] for t in timed}
+    if len(payloads) != 1:
+        raise LabCheckFailed(f"the {name} steps of world {world} moved different payloads through collectives from "
+                             f"step to step or rank to rank ({sorted(payloads)} B; seed {seed}): every step of the "
+                             "same workload should communicate the same buffers")
+    return {"step_s": max(medians), "share": sum(shares) / len(shares), "bytes": payloads.pop()}
+
+
+@pytest.mark.check("sharded-step-measured")
+def test_sharded_step_measured(launches, seed, record):
+    """ZeRO-1 and FSDP2 on 2 ranks, the same workload (the course's model, global batch, AdamW): what a step
+    costs in time, in communication (bytes and time inside collectives) and in peak memory per rank."""
+    for name, label in (("zero1", "zero1"), ("fsdp", "fsdp")):
+        got = step_figures(launches, name, 2, seed)
+        record(f"{label} step ms, world 2", 1e3 * got["step_s"], unit="ms")
+        record(f"{label} communication share, world 2", got["share"])
+        record(f"{label} communication bytes per step, world 2", got["bytes"], unit="B", bytes=got["bytes"])
+    peaks = [out.get("peak_memory_mb") for out in launches[2].outputs]
+    if not all(isinstance(p, (int, float)) for p in peaks):
+        raise LabCheckFailed(f"the course could not read the ranks' peak memory in world 2: {peaks}")
+    record("peak memory mb per rank, world 2", max(peaks), unit="MiB")

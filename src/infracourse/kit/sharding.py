@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
+import resource
+import threading
+import time
 import traceback
 import types
 
@@ -219,6 +223,110 @@ def _storages(tensors) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if t is not None}
 
 
+# --------------------------------------------------------------- the in-rank clock of communication (a probe)
+# The collectives ZeRO-1 and FSDP2 call from Python (FSDP2 through all_gather_single / reduce_scatter_single),
+# wrapped before the learner's import (install(), run by kit.rank_driver as this week's probe): the time spent
+# inside each outermost call plus the time spent waiting on an asynchronous one's Work, and its payload: the
+# collective's full buffer, the largest tensor argument (an all-gather's output, a reduce-scatter's input, an
+# all-reduce's tensor; a list counts its sum). Evidence, like every probe: the verdict rests on the parameters.
+COMM_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+            "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+            "_reduce_scatter_base", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+            "isend", "irecv", "barrier")
+COMM = {"s": 0.0, "bytes": 0, "calls": 0}
+_inside = threading.local()
+
+
+def _payload(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_payload(v) for v in value)
+    return 0
+
+
+def _timed(fn):
+    def timed(*args, **kwargs):
+        if getattr(_inside, "depth", 0):
+            return fn(*args, **kwargs)
+        _inside.depth = 1
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            COMM["s"] += time.perf_counter() - started
+            COMM["calls"] += 1
+            COMM["bytes"] += max([_payload(a) for a in (*args, *kwargs.values())] or [0])
+            _inside.depth = 0
+
+    timed.__infracourse_sharding__ = True
+    return timed
+
+
+def install() -> None:
+    """Time the collectives (and waits on their Work) in this rank; idempotent."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in COMM_OPS:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "__infracourse_sharding__", False):
+            continue
+        wrapped = _timed(original)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+    wait = dist.Work.wait
+    if not getattr(wait, "__infracourse_sharding__", False):
+        def timed_wait(self, *args, **kwargs):
+            if getattr(_inside, "depth", 0):
+                return wait(self, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return wait(self, *args, **kwargs)
+            finally:
+                COMM["s"] += time.perf_counter() - started
+
+        timed_wait.__infracourse_sharding__ = True
+        dist.Work.wait = timed_wait
+
+
+def report() -> dict:
+    return {"installed": True}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepClock:
+    """The course's clock of each training step (forward, backward, optimiser step) and of the communication
+    inside it, read before and after: per step its seconds, seconds inside collectives and payload bytes."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.steps = device, []
+
+    def __enter__(self):
+        _sync(self.device)
+        self.started, self.comm = time.perf_counter(), dict(COMM)
+        return self
+
+    def __exit__(self, *exc):
+        _sync(self.device)
+        self.steps.append({"s": time.perf_counter() - self.started, "comm_s": COMM["s"] - self.comm["s"],
+                           "comm_bytes": COMM["bytes"] - self.comm["bytes"],
+                           "comm_calls": COMM["calls"] - self.comm["calls"]})
+        return False
+
+
+def peak_memory_mb() -> float:
+    """This rank's peak memory: the CUDA allocator's high-water mark on a GPU, the process's ru_maxrss on the CPU."""
+    if os.environ.get("INFRACOURSE_DEVICE") == "cuda":
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
 # -------------------------------------------------------------------------------------------- the experiments
 def _device() -> torch.device:
     """This rank's device: its GPU under NCCL (kit.rank_driver set it current), else the CPU."""
@@ -238,17 +346,19 @@ def _zero1(seed: int, module: str) -> dict:
     opt = learner.Zero1AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     if type(opt).__module__.startswith("torch."):
         raise TypeError("Zero1AdamW must be your own wrapper, not torch's optimiser classes")
-    state_bytes = None
+    state_bytes, clock = None, StepClock(device)
     for step in range(ZERO_STEPS):
         x, y = global_batch(seed, step, world)
         rows = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
-        loss_fn(model, x[rows].to(device), y[rows].to(device)).backward()
-        opt.step()
+        x, y = x[rows].to(device), y[rows].to(device)
+        with clock:
+            loss_fn(model, x, y).backward()
+            opt.step()
         if step == ZERO_STEPS - 1:  # what the optimiser keeps, besides the model's own parameters and gradients
             skip = _storages(params) | _storages(p.grad for p in params)
             state_bytes = held_tensor_bytes([opt, vars(learner)], skip, own_modules=(learner.__name__,))
         opt.zero_grad()
-    return {"params": flat_params(model).cpu(), "state_bytes": state_bytes, "world": world}
+    return {"params": flat_params(model).cpu(), "state_bytes": state_bytes, "world": world, "steps": clock.steps}
 
 
 def _fsdp(seed: int, module: str) -> dict:
@@ -267,15 +377,18 @@ def _fsdp(seed: int, module: str) -> dict:
     for p in sharded.parameters():
         local += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
     opt = torch.optim.AdamW(sharded.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    clock = StepClock(device)
     for step in range(FSDP_STEPS):
         x, y = global_batch(seed, step, world)
         rows = slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH)
-        loss_fn(sharded, x[rows].to(device), y[rows].to(device)).backward()
-        opt.step()
+        x, y = x[rows].to(device), y[rows].to(device)
+        with clock:
+            loss_fn(sharded, x, y).backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in sharded.parameters()]
     return {"params": torch.cat([t.detach().reshape(-1) for t in full]).cpu(), "local_numel": local, "numel": numel,
-            "fsdp_modules": len(roots), "world": world}
+            "fsdp_modules": len(roots), "world": world, "steps": clock.steps}
 
 
 def _checkpoint(seed: int, module: str) -> dict:
@@ -299,4 +412,35 @@ def rank_main(experiments: dict[str, str], seed: int) -> dict:
         except Exception as exc:
             tail = traceback.format_exception(type(exc), exc, exc.__traceback__)
             results[name] = {"error": "".join(tail)[-2500:]}
+    results["peak_memory_mb"] = peak_memory_mb()
     return results
+
+
+def main() -> None:
+    """`torchrun --nproc-per-node 2 -m infracourse.kit.sharding` in your lab folder: the grader's ZeRO-1 and FSDP2
+    experiments on your modules, with the same clocks; rank 0 prints what your report's figures ask for."""
+    import sys
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    install()
+    sys.path.insert(0, os.getcwd())
+    out = rank_main({"zero1": "zero1", "fsdp": "fsdp"}, seed=0)
+    if dist.get_rank() == 0:
+        for name in ("zero1", "fsdp"):
+            if "error" in out[name]:
+                print(f"{name} failed:\n{out[name]['error']}")
+                continue
+            timed = out[name]["steps"][1:]
+            total, comm = sum(t["s"] for t in timed), sum(t["comm_s"] for t in timed)
+            print(f"{name}: median step {1e3 * sorted(t['s'] for t in timed)[len(timed) // 2]:.3f} ms, "
+                  f"communication share {comm / total:.3f}, {timed[0]['comm_bytes']} B in "
+                  f"{timed[0]['comm_calls']} collective calls per step")
+        print(f"peak memory of rank 0: {out['peak_memory_mb']:.0f} MiB")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
