@@ -21,6 +21,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert "serve the requests" in checks["littles-law"].message
     assert checks["effective-gain"].status == "failed"
     assert "attribute the trace's span" in checks["timeline"].message
+    assert "NotImplementedError" in checks["reproduces"].message and "empty folder" in checks["reproduces"].message
 
 
 SCHEMES, EXPERIMENT = "schemes.py", "experiment.py"
@@ -63,6 +64,12 @@ VARIANTS = {
         "    if _calls > 12:\n        return torch.cat(seqs)[: sum(lengths) // 2], lambda logits: [\n"
         "            torch.zeros(n, logits.shape[-1]) for n in lengths]\n"
         "    return torch.cat(seqs), unpack")),
+    # not reproducible: the script needs a file that is not part of the submission
+    "experiment needs a file outside the submission": ("reproduces", EXPERIMENT, replace_once(
+        "    args = parser.parse_args()\n", "    args = parser.parse_args()\n    import my_local_settings  # noqa: F401\n")),
+    # raw data that does not back the table: p99 read off the slowest request of another run
+    "table p99 not from its latencies": ("reproduces", EXPERIMENT, replace_once(
+        '"p99_latency_s": float(np.percentile(latencies, 99)),', '"p99_latency_s": 2 * max(latencies),')),
     # class 2: a sabotaged pad cannot make a wasteful pack pass: the baseline is the grader's own padding
     "pad sabotaged to flatter a padding pack": ("effective-gain", SCHEMES, lambda text: replace_once(
         "    return torch.cat(seqs), unpack",

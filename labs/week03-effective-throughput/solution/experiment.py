@@ -104,7 +104,8 @@ def serve(scheme, model, sequences: list[torch.Tensor], *, concurrency: int, max
         inbox.put(None)
         worker.join()
     return {"concurrency": concurrency, "throughput_rps": len(latencies) / wall,
-            "mean_latency_s": statistics.fmean(latencies), "p99_latency_s": float(np.percentile(latencies, 99))}
+            "mean_latency_s": statistics.fmean(latencies), "p99_latency_s": float(np.percentile(latencies, 99)),
+            "latencies_s": latencies}
 
 
 def latency_table(scheme, model, sequences: list[torch.Tensor], concurrencies: list[int], *, max_batch: int = 4,
@@ -157,26 +158,36 @@ def classify_timeline(events: list[dict]) -> dict:
 
 
 def main() -> None:
+    import argparse
+    import json
+
     from infracourse.kit.gpt import GPTConfig
     from infracourse.kit.sequences import TokenModel, random_batches
 
+    parser = argparse.ArgumentParser(description="Week 3: utilisation, useful throughput, and a latency table")
+    parser.add_argument("--raw", metavar="FILE", help="also write the raw data behind the figures, as JSON")
+    args = parser.parse_args()
     torch.set_num_threads(1)  # steadier figures on a small shared machine
     model = TokenModel(GPTConfig(vocab_size=256, d_model=128, n_layer=2))
     batches = random_batches(8, 16, vocab=256, seed=0)
     padded, useful = sum(len(b) * max(map(len, b)) for b in batches), sum(len(s) for b in batches for s in b)
     print(f"padding computes {padded / useful:.2f}x the useful tokens")
+    raw = {"padding_factor": padded / useful, "measure": {}, "table": {}}
     for name, scheme in (("pad", pad), ("pack", pack)):
-        r = measure(scheme, model, batches)
+        r = raw["measure"][name] = measure(scheme, model, batches)
         print(f"{name:>5}: utilisation {r['utilisation']:.0%}, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['useful_tokens_per_s']:,.0f} useful tokens/s")
     sequences = [s for b in batches for s in b]
     print("scheme  concurrency  throughput/s  mean latency ms  p99 ms  throughput x latency")
     for name, scheme in (("pad", pad), ("pack", pack)):
-        for row in latency_table(scheme, model, sequences, [1, 2, 4, 8, 16], max_batch=4):
+        raw["table"][name] = latency_table(scheme, model, sequences, [1, 2, 4, 8, 16], max_batch=4)
+        for row in raw["table"][name]:
             print(f"{name:>6} {row['concurrency']:12d} {row['throughput_rps']:13.1f} "
                   f"{row['mean_latency_s'] * 1e3:16.2f} {row['p99_latency_s'] * 1e3:7.2f} "
                   f"{row['throughput_rps'] * row['mean_latency_s']:21.2f}")
-
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(raw, f)
 
 if __name__ == "__main__":
     main()

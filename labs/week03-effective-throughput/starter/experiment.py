@@ -35,7 +35,8 @@ def latency_table(scheme, model, sequences: list[torch.Tensor], concurrencies: l
                   per_client: int = 10) -> list[dict]:
     """For each concurrency c: c client threads each send per_client requests (one sequence each) one after
     another to a server thread that runs up to max_batch waiting requests at once through `scheme`.
-    Return one row per c: concurrency, throughput_rps, mean_latency_s, p99_latency_s."""
+    Return one row per c: concurrency, throughput_rps, mean_latency_s, p99_latency_s, and latencies_s (the raw
+    latency of every request, from which the mean and p99 recompute)."""
     # TODO(week03): a queue.Queue inbox, a server thread, Futures for the answers, a ThreadPoolExecutor of
     # clients. Latency: from submit to answer. Throughput: requests over the span the clients were sending.
     raise NotImplementedError("latency_table(): serve the requests and measure latency and throughput")
@@ -49,26 +50,36 @@ def classify_timeline(events: list[dict]) -> dict:
 
 
 def main() -> None:
+    import argparse
+    import json
+
     from infracourse.kit.gpt import GPTConfig
     from infracourse.kit.sequences import TokenModel, random_batches
 
+    parser = argparse.ArgumentParser(description="Week 3: utilisation, useful throughput, and a latency table")
+    parser.add_argument("--raw", metavar="FILE", help="also write the raw data behind the figures, as JSON")
+    args = parser.parse_args()
     torch.set_num_threads(1)  # steadier figures on a small shared machine
     model = TokenModel(GPTConfig(vocab_size=256, d_model=128, n_layer=2))
     batches = random_batches(8, 16, vocab=256, seed=0)
     padded, useful = sum(len(b) * max(map(len, b)) for b in batches), sum(len(s) for b in batches for s in b)
     print(f"padding computes {padded / useful:.2f}x the useful tokens")
+    raw = {"padding_factor": padded / useful, "measure": {}, "table": {}}
     for name, scheme in (("pad", pad), ("pack", pack)):
-        r = measure(scheme, model, batches)
+        r = raw["measure"][name] = measure(scheme, model, batches)
         print(f"{name:>5}: utilisation {r['utilisation']:.0%}, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['useful_tokens_per_s']:,.0f} useful tokens/s")
     sequences = [s for b in batches for s in b]
     print("scheme  concurrency  throughput/s  mean latency ms  p99 ms  throughput x latency")
     for name, scheme in (("pad", pad), ("pack", pack)):
-        for row in latency_table(scheme, model, sequences, [1, 2, 4, 8, 16], max_batch=4):
+        raw["table"][name] = latency_table(scheme, model, sequences, [1, 2, 4, 8, 16], max_batch=4)
+        for row in raw["table"][name]:
             print(f"{name:>6} {row['concurrency']:12d} {row['throughput_rps']:13.1f} "
                   f"{row['mean_latency_s'] * 1e3:16.2f} {row['p99_latency_s'] * 1e3:7.2f} "
                   f"{row['throughput_rps'] * row['mean_latency_s']:21.2f}")
-
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(raw, f)
 
 if __name__ == "__main__":
     main()

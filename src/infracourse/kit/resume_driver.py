@@ -40,18 +40,12 @@ KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # a direct child, or the sandb
 
 
 def launch(args: list[str], *, snapshot: Path, scratch: Path, gpu: bool = False, **popen) -> subprocess.Popen:
-    """Start this driver confined like the grading worker (same sandbox, same clean environment); a plain
-    subprocess with that environment only where no sandbox can be made on this machine."""
-    from infracourse import sandbox
-    from infracourse.grading.remote import _ENV_KEEP, _engine_path
+    """Start this driver confined like the grading worker (infracourse.grading.confined)."""
+    from infracourse.grading import confined
 
-    command = [sys.executable, "-s", "-m", "infracourse.kit.resume_driver", *args]
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
-    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=_engine_path(),
-               CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
-    if sandbox.status().available:
-        command = sandbox.wrap(command, snapshot=snapshot, scratch=scratch, gpu=gpu)
-    return subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True, **popen)
+    env = confined.environment(scratch, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
+    return confined.popen([sys.executable, "-s", "-m", "infracourse.kit.resume_driver", *args], snapshot=snapshot,
+                          scratch=scratch, gpu=gpu, env=env, **popen)
 
 
 def _plain(state):
