@@ -102,12 +102,111 @@ class Server:
         except ValueError:
             raise ServerFailed(f"GET {path} did not answer JSON: {body[:300]!r}") from None
 
+    def stream(self, body: dict, *, timeout_s: float = 10.0) -> "Stream":
+        """POST /v1/completions with `body` on a raw socket the judge holds: read its events one by one, or
+        close it mid-stream (a client that goes away)."""
+        return Stream.open(self.uds, body, timeout_s)
+
     def load(self, specs: Sequence, **kwargs):
         """kit.loadgen.run_load against this server (same keyword arguments, `uds` filled in):
         (records in spec order, duration_s on the judge's clock)."""
         from infracourse.kit.loadgen import run_load
 
         return run_load(specs, uds=self.uds, base_url=self.base_url, **kwargs)
+
+
+class Stream:
+    """One streamed completion on a raw socket: `status` (the HTTP status), `events()` yields (arrival time,
+    parsed JSON or the string "[DONE]") as they come; `close()` hangs up at any point."""
+
+    def __init__(self, sock: socket.socket, status: int, headers: dict[str, str], rest: bytes, sent: float):
+        self.sock, self.status, self.headers, self._buf, self.sent = sock, status, headers, rest, sent
+        self.ended = False  # the server closed the stream (or ended its body)
+
+    @classmethod
+    def open(cls, uds: str, body: dict, timeout_s: float) -> "Stream":
+        payload = json.dumps(body).encode()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        sock.connect(uds)
+        sent = time.perf_counter()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            buf += piece
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split()
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        stream = cls(sock, status, headers, b"", sent)
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            stream._raw = rest
+        else:
+            stream._buf = rest
+        return stream
+
+    def _read(self) -> bool:
+        """More of the body into _buf (chunked transfer encoding undone); False when the server has ended it."""
+        chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
+        while True:
+            if chunked and self._raw_chunk():
+                return True
+            try:
+                piece = self.sock.recv(65536)
+            except OSError:
+                piece = b""
+            if not piece:
+                self.ended = True
+                return False
+            if not chunked:
+                self._buf += piece
+                return True
+            self._raw += piece
+
+    _raw = b""
+
+    def _raw_chunk(self) -> bool:
+        """Move one complete chunk from the raw bytes to _buf; False when none is complete yet."""
+        size_line, sep, rest = self._raw.partition(b"\r\n")
+        if not sep:
+            return False
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            self._raw = b""
+            return False
+        if len(rest) < size + 2:
+            return False
+        self._buf += rest[:size]
+        self._raw = rest[size + 2:]
+        return True
+
+    def events(self):
+        """(arrival perf_counter time, event): each `data:` line parsed (JSON dict, or "[DONE]"), until the
+        server ends the stream. Chunk framing is skipped: an SSE line never holds a raw newline."""
+        while True:
+            while b"\n" in self._buf:
+                line, _, self._buf = self._buf.partition(b"\n")
+                line = line.strip()
+                if line.startswith(b"data:"):
+                    payload = line[5:].strip().decode("utf-8", errors="replace")
+                    try:
+                        yield time.perf_counter(), ("[DONE]" if payload == "[DONE]" else json.loads(payload))
+                    except ValueError:
+                        yield time.perf_counter(), {"unparsed": payload}
+            if not self._read():
+                return
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
 
 
 def _environment(scratch: Path, device: str, extra: dict[str, str] | None) -> dict[str, str]:

@@ -304,3 +304,53 @@ async def run_load_async(specs: Sequence[RequestSpec], *, base_url: str = "http:
 def run_load(specs: Sequence[RequestSpec], **kwargs) -> tuple[list[RequestRecord], float]:
     """run_load_async in a fresh event loop (for synchronous callers)."""
     return asyncio.run(run_load_async(specs, **kwargs))
+
+
+# Raw records on disk: every percentile recomputable from the file alone --------------------------------------
+RECORD_FIELDS = ("prompt_tokens", "send_time", "chunk_times", "output_tokens", "success", "error", "text")
+
+
+def write_records(path, records: Sequence[RequestRecord], duration_s: float, **conditions) -> None:
+    """Write a benchmark's raw per-request records as JSON: {"duration_s", "conditions" (what the run was: load,
+    arrival process, limits...), "records": [one dict of RECORD_FIELDS per request, in send order]}."""
+    data = {"duration_s": duration_s, "conditions": conditions,
+            "records": [{k: getattr(r, k) for k in RECORD_FIELDS} for r in records]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def read_records(path) -> tuple[list[RequestRecord], float, dict]:
+    """(records, duration_s, conditions) of a file `write_records` wrote; ValueError naming what is wrong."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        raise ValueError('expected a JSON object with a "records" list')
+    duration = data.get("duration_s")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
+        raise ValueError(f'"duration_s" must be a number > 0, got {duration!r}')
+    records = []
+    for i, raw in enumerate(data["records"]):
+        if not isinstance(raw, dict) or set(raw) != set(RECORD_FIELDS):
+            raise ValueError(f"record {i} must have exactly the fields {RECORD_FIELDS}")
+        times = raw["chunk_times"]
+        ok = (type(raw["prompt_tokens"]) is int and type(raw["output_tokens"]) is int
+              and isinstance(raw["send_time"], (int, float)) and type(raw["success"]) is bool
+              and isinstance(raw["error"], str) and isinstance(raw["text"], str) and isinstance(times, list)
+              and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times))
+        if not ok:
+            raise ValueError(f"record {i} has a field of the wrong type: {raw!r:.300}")
+        records.append(RequestRecord(**raw))
+    conditions = data.get("conditions") or {}
+    return records, float(duration), conditions if isinstance(conditions, dict) else {}
+
+
+def serving_cost(metrics: dict, price_per_hour: float) -> dict:
+    """Cost of a benchmark at `price_per_hour` (dollars per device hour), idle time counted: the device is paid
+    for the whole wall time of the run (metrics["duration_s"]), not only while it computed. Returns
+    {"run_usd", "usd_per_request" (per successful request), "usd_per_1k_requests", "usd_per_output_token",
+    "usd_per_1m_output_tokens"}; a cost per nothing (no success, no token) is inf."""
+    run = price_per_hour * metrics["duration_s"] / 3600.0
+    per_request = run / metrics["completed"] if metrics["completed"] else math.inf
+    per_token = run / metrics["total_output"] if metrics["total_output"] else math.inf
+    return {"run_usd": run, "usd_per_request": per_request, "usd_per_1k_requests": per_request * 1000,
+            "usd_per_output_token": per_token, "usd_per_1m_output_tokens": per_token * 1e6}

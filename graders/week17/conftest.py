@@ -1,0 +1,327 @@
+"""Week 17: the learner's server, started once per grade (infracourse.grading.serving: uvicorn in the sandbox, on
+a Unix socket), driven by the judge through phases whose evidence the checks read:
+
+  load        the load point (kit.batching.bench_specs, the grade's seed: 192 requests, 32 in flight) with the
+              kit's load generator, the server's /debug/state sampled meanwhile, its process's peak RSS read here
+  starvation  41 requests at once, a 100-token prompt among 8-token ones
+  disconnect  a long request's stream closed after 2 tokens: is it gone, are its blocks back, before it could
+              have finished?
+  timeout     a request with a deadline (timeout_s) shorter than its generation
+  burst       more requests at once than the running batch plus the queue hold: 429 (or 503) for the rest
+
+and, for the throughput check, the course's static-batching server (kit.static_server) on the same load point.
+What the server says about itself (/debug/state) is evidence, held against what the judge saw on the wire.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from infracourse.grading.serving import Server, ServerFailed, serve
+from infracourse.guard import LabCheckFailed
+from infracourse.kit import batching
+from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
+from infracourse.kit.threads import intra_op_threads
+
+PERCENTILES = (50, 95, 99)
+STARVE_RATE, STARVE_LONG_AT = 300.0, 8  # requests/s of the starvation phase; where its long prompt is
+NEAR_TIE = 1e-4  # a token within this of the best logit counts as greedy (batched sums round differently)
+
+
+@dataclass
+class Phase:
+    """What one phase saw, or why it could not run (`failure`, re-raised by the checks that need it)."""
+    failure: str | None = None
+    data: dict = field(default_factory=dict)
+
+    def get(self) -> dict:
+        if self.failure:
+            raise LabCheckFailed(self.failure)
+        return self.data
+
+
+@dataclass
+class Served:
+    seed: int
+    device: str
+    cfg: batching.ServeConfig
+    phases: dict[str, Phase]
+    log: str = ""
+
+
+def teach(server: Server, what: str) -> str:
+    """`what`, plus the server's NotImplementedError or last traceback line when its log has one."""
+    log = server.log_tail(6000)
+    if "NotImplementedError" in log:
+        line = [x for x in log.splitlines() if "NotImplementedError" in x][-1].strip()
+        return f"{what}. Your server raised {line}: that part is not written yet (see the handout)"
+    errors = re.findall(r"^\w*(?:Error|Exception)\b.*$", log, re.MULTILINE)
+    return f"{what}. Your server's log ends with: {errors[-1]}" if errors else what
+
+
+def state(server: Server) -> dict:
+    """/debug/state, its fields type-checked: num_blocks, free_blocks, running, waiting (ints)."""
+    s = server.get_json("/debug/state")
+    missing = [k for k in ("num_blocks", "free_blocks", "running", "waiting")
+               if not isinstance(s, dict) or type(s.get(k)) is not int]
+    if missing:
+        raise LabCheckFailed(f"GET /debug/state must answer a JSON object with integer num_blocks, free_blocks, "
+                             f"running and waiting; {missing} missing or not integers in {s!r:.300}")
+    return s
+
+
+def wait_idle(server: Server, free: int, within_s: float) -> tuple[dict, float]:
+    """Poll /debug/state until nothing runs or waits and `free` blocks are free; (last state, seconds waited)."""
+    started = time.perf_counter()
+    while True:
+        s = state(server)
+        waited = time.perf_counter() - started
+        if (s["running"] == 0 and s["waiting"] == 0 and s["free_blocks"] == free) or waited > within_s:
+            return s, waited
+        time.sleep(0.01)
+
+
+def body(prompt: list[int], max_tokens: int, **extra) -> dict:
+    return {"model": "kit-gpt", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **extra}
+
+
+def tokens_of(text: str) -> list[int]:
+    """A streamed text back to its ids: the vocabulary is 128 ASCII characters, one per token."""
+    return [ord(c) for c in text]
+
+
+@torch.no_grad()
+def first_non_greedy(model, prompt: list[int], tokens: list[int]) -> int | None:
+    """The first position where `tokens` leaves greedy decoding (teacher-forced: one forward over prompt +
+    tokens, each token must be the argmax, or within NEAR_TIE of it, at the position before it); None if none."""
+    if not tokens or any(not 0 <= t < model.cfg.vocab_size for t in tokens):
+        return 0
+    logits = model(torch.tensor([prompt + tokens[:-1]]))[0, len(prompt) - 1:].float()
+    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    bad = (chosen < logits.max(-1).values - NEAR_TIE).nonzero()
+    return int(bad[0]) if len(bad) else None
+
+
+def check_outputs(model, specs: list[RequestSpec], records, what: str) -> None:
+    """Every successful record's text is max_tokens greedy tokens of its prompt (LabCheckFailed otherwise)."""
+    for i, (spec, rec) in enumerate(zip(specs, records)):
+        if not rec.success:
+            continue
+        tokens = tokens_of(rec.text)
+        if len(tokens) != spec.max_tokens:
+            raise LabCheckFailed(f"{what}: request {i} (prompt of {len(spec.prompt_ids)} tokens) streamed "
+                                 f"{len(tokens)} token(s), max_tokens was {spec.max_tokens}: one content chunk per "
+                                 "token, text = chr(token id), until max_tokens (ignore_eos)")
+        bad = first_non_greedy(model, spec.prompt_ids, tokens)
+        if bad is not None:
+            expected = first_non_greedy_expected(model, spec.prompt_ids, tokens, bad)
+            raise LabCheckFailed(
+                f"{what}: request {i} (prompt of {len(spec.prompt_ids)} tokens, {spec.max_tokens} new) differs from "
+                f"sequential greedy generation (kit.generate) at new token {bad}: got {tokens[bad]}, greedy gives "
+                f"{expected}. A token computed with the wrong keys (another sequence's blocks, a block freed and "
+                "reused, a preempted sequence recomputed without its generated tokens) or at the wrong position")
+
+
+@torch.no_grad()
+def first_non_greedy_expected(model, prompt, tokens, position) -> int:
+    return int(model(torch.tensor([prompt + tokens[:position]]))[0, -1].float().argmax())
+
+
+def peak_rss_mb(server: Server) -> float:
+    """The largest peak resident set (VmHWM) among the server's processes, MiB: the uvicorn Python process."""
+    peak = 0
+    try:
+        procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for p in procs:
+        try:
+            status = Path(f"/proc/{p.pid}/status").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+        if m:
+            peak = max(peak, int(m.group(1)))
+    return peak / 1024
+
+
+# --- the phases ------------------------------------------------------------------------------------------------
+
+def phase_load(server: Server, seed: int) -> dict:
+    specs = batching.bench_specs(seed)
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                samples.append(state(server))
+            except Exception:  # noqa: BLE001 - a bad answer is judged after the run, from the polls that worked
+                pass
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=sample, daemon=True)
+    poller.start()
+    try:
+        records, duration = server.load(specs, concurrency=batching.BENCH_CONCURRENCY, timeout_s=60.0)
+    finally:
+        stop.set()
+        poller.join()
+    server.require_alive("during the load point")
+    idle, waited = wait_idle(server, batching.bench_config().num_blocks, 2.0)
+    metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
+    return {"specs": specs, "records": records, "duration_s": duration, "metrics": metrics, "samples": samples,
+            "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server)}
+
+
+def phase_starvation(server: Server, seed: int) -> dict:
+    shorts = request_matrix([8], [8], 47, vocab_size=128, seed=seed + 1)
+    long = request_matrix([100], [8], 1, vocab_size=128, seed=seed + 2)[0]
+    specs = shorts[:STARVE_LONG_AT] + [long] + shorts[STARVE_LONG_AT:]
+    # open loop, faster than the engine retires short requests: the queue is never empty while they arrive
+    records, duration = server.load(specs, rate=STARVE_RATE, seed=seed, timeout_s=30.0)
+    return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "duration_s": duration}
+
+
+def phase_disconnect(server: Server, seed: int) -> dict:
+    before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
+    prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 3)[0].prompt_ids
+    max_tokens = 120
+    stream = server.stream(body(prompt, max_tokens))
+    times = []
+    try:
+        if stream.status != 200:
+            raise LabCheckFailed(f"the disconnect probe's request (prompt of 8 tokens, max_tokens {max_tokens}) was "
+                                 f"answered HTTP {stream.status}, expected 200 and a stream")
+        for t, event in stream.events():
+            if isinstance(event, dict) and (event.get("choices") or [{}])[0].get("text"):
+                times.append(t)
+                if len(times) == 2:
+                    break
+        during = state(server)
+    finally:
+        stream.close()
+    closed = time.perf_counter()
+    itl = (times[1] - times[0]) if len(times) == 2 else 0.0
+    window = max(0.1, 0.5 * (max_tokens - 2) * itl)  # half the time the rest of the generation needs
+    after, waited = wait_idle(server, before["free_blocks"], window)
+    # the server must still serve: a new request completes, correct
+    spec = request_matrix([8], [6], 1, vocab_size=128, seed=seed + 4)[0]
+    records, _ = server.load([spec], timeout_s=20.0)
+    return {"before": before, "during": during, "after": after, "chunks": len(times), "waited_s": waited,
+            "window_s": window, "closed": closed, "next": (spec, records[0])}
+
+
+def phase_timeout(server: Server, seed: int, itl_s: float) -> dict:
+    before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
+    prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 5)[0].prompt_ids
+    max_tokens = 120
+    timeout = min(0.3, max(0.02, 0.3 * max_tokens * itl_s))  # well under the generation's own time
+    stream = server.stream(body(prompt, max_tokens, timeout_s=timeout))
+    content, done = 0, False
+    try:
+        if stream.status == 200:
+            for _, event in stream.events():
+                if event == "[DONE]":
+                    done = True
+                    break
+                if isinstance(event, dict) and (event.get("choices") or [{}])[0].get("text"):
+                    content += 1
+        ended = time.perf_counter() - stream.sent
+    finally:
+        stream.close()
+    after, waited = wait_idle(server, before["free_blocks"], 1.0)
+    return {"timeout_s": timeout, "status": stream.status, "content": content, "done": done, "ended_s": ended,
+            "before": before, "after": after, "max_tokens": max_tokens}
+
+
+def phase_burst(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
+    n = cfg.max_num_seqs + cfg.max_waiting + 32
+    specs = request_matrix([8], [16], n, vocab_size=128, seed=seed + 6)
+    out, samples = {}, []
+
+    def send():
+        out["records"], out["duration_s"] = server.load(specs, timeout_s=60.0)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    probe_status, probe_s = None, None
+    deadline = time.perf_counter() + 3.0
+    while sender.is_alive() and time.perf_counter() < deadline:
+        s = state(server)
+        samples.append(s)
+        if s["waiting"] >= cfg.max_waiting:  # the queue is full now: one more must be refused, at once
+            probe = server.stream(body(specs[0].prompt_ids, 16))
+            probe_status, probe_s = probe.status, time.perf_counter() - probe.sent
+            probe.close()
+            break
+        time.sleep(0.005)
+    sender.join(90)
+    samples.append(state(server))
+    return {"specs": specs, "records": out.get("records"), "samples": samples, "probe_status": probe_status,
+            "probe_s": probe_s, "n": n}
+
+
+def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
+    try:
+        phases[name] = Phase(data=fn(server, *args))
+    except LabCheckFailed as exc:
+        phases[name] = Phase(failure=teach(server, str(exc)))
+    except Exception as exc:  # noqa: BLE001 - a phase the server broke: its checks fail, the others still run
+        server_state = "" if server.alive() else " (your server has exited)"
+        phases[name] = Phase(failure=teach(server, f"the judge's {name} phase could not complete{server_state}: "
+                                                   f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.fixture(scope="session")
+def served(learner, seed, device, tmp_path_factory) -> Served:
+    cfg = batching.bench_config(device)
+    s = seed % 10_000
+    phases: dict[str, Phase] = {}
+    scratch = tmp_path_factory.mktemp("srv")
+    with serve(learner.root, "server:app", scratch=scratch, env=cfg.to_env(), ready_timeout_s=60,
+               device=device) as server:
+        _run(phases, "load", server, phase_load, s)
+        _run(phases, "starvation", server, phase_starvation, s)
+        _run(phases, "disconnect", server, phase_disconnect, s)
+        itl = 0.01
+        if not phases["load"].failure:
+            itl = max(1e-4, phases["load"].data["metrics"]["tpot_ms"]["median"] / 1000)
+        _run(phases, "timeout", server, phase_timeout, s, itl)
+        _run(phases, "burst", server, phase_burst, s, cfg)
+        log = server.log_tail(4000)
+    return Served(s, device, cfg, phases, log)
+
+
+@pytest.fixture(scope="session")
+def judge_model(served):
+    with intra_op_threads(1):
+        yield batching.serve_model(batching.ServeConfig(seed=served.cfg.seed))  # on the CPU, whatever serves
+
+
+@pytest.fixture(scope="session")
+def baseline(served, tmp_path_factory) -> dict:
+    """The course's static-batching server on the same load point, the same seed, the judge's clock."""
+    cfg = served.cfg
+    empty = tmp_path_factory.mktemp("static-app")  # nothing of the learner's on its import path
+    with serve(empty, "infracourse.kit.static_server:app", scratch=tmp_path_factory.mktemp("srv-static"),
+               env=cfg.to_env(), ready_timeout_s=60, device=served.device) as server:
+        specs = batching.bench_specs(served.seed)
+        records, duration = server.load(specs, concurrency=batching.BENCH_CONCURRENCY, timeout_s=60.0)
+    metrics = compute_metrics(records, duration, percentiles=PERCENTILES)
+    if metrics["failed"]:
+        raise RuntimeError(f"the course's static-batching baseline failed {metrics['failed']} requests "
+                           f"({[r.error for r in records if not r.success][:2]}); a course bug, please report it")
+    return {"records": records, "duration_s": duration, "metrics": metrics}
+
+
+def median(values):
+    return statistics.median(values) if values else 0.0

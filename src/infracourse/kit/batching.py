@@ -1,0 +1,204 @@
+"""The serving model of week 17, its paged KV storage and its model runner: frozen course code that the
+learner's scheduler (continuous batching) and the course's static-batching baseline both call, so that a
+throughput comparison between them measures scheduling only.
+
+    cfg = ServeConfig.from_env()                  # the judge's settings (INFRACOURSE_SERVE, JSON), defaults below
+    runner = ModelRunner(cfg)                     # the model (kit GPT, SERVE_GPT's shape, seeded) and its KV pool
+    logits = runner.step([                        # one engine step over a ragged batch (vLLM's flattened batch):
+        Piece(tokens=[5, 9, 2], start=0, block_table=[3]),      #   a prefill of 3 tokens at positions 0..2
+        Piece(tokens=[17], start=40, block_table=[0, 7, 1, ...]),  #   a decode step: 1 token at position 40
+    ])                                            # -> (2, vocab) logits of each piece's LAST token
+    next_ids = logits.argmax(-1).tolist()         # greedy
+
+A piece's tokens are written into the slots its block table names (token p of the sequence lives in slot
+p % block_size of block block_table[p // block_size]), then attend to every key of positions 0 .. start + T - 1
+read back from those blocks. The blocks must hold the sequence's earlier keys and values already: a piece that
+starts at `start` has had positions 0 .. start - 1 computed in earlier steps (a prefill split in chunks works the
+same way). Which blocks a sequence owns, when it gets them and when they are freed is the scheduler's business:
+this module never allocates. Ties in argmax go to the lowest id (torch.argmax), as in kit.generate.
+
+Why a step floor: on a GPU a decode step reads every weight once, so it costs about the same for 1 sequence or
+16; that is what makes batching pay. A tiny model on a CPU is the opposite (Python overhead per sequence). The
+runner therefore stands in for a device: a step lasts at least `step_floor_ms` (it sleeps the rest, leaving the
+CPU to the HTTP side), whatever the batch. `forward_batch(model, pool, pieces)` is the same step without it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from infracourse.kit.gpt import GPT, GPTConfig
+
+ENV = "INFRACOURSE_SERVE"
+# vocabulary 128: every token id is one ASCII character, so a streamed text maps back to its ids one to one
+SERVE_GPT = GPTConfig(vocab_size=128, seq_len=128, d_model=64, n_head=4, n_kv_head=2, n_layer=2)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The engine's limits, set by whoever starts the server (the judge, or your bench script) through the
+    INFRACOURSE_SERVE environment variable, a JSON object of these fields; absent fields keep these defaults."""
+    seed: int = 0                       # the model's weights
+    max_num_seqs: int = 16              # sequences running at once (the batch's rows)
+    max_num_batched_tokens: int = 64    # tokens computed in one step, prefill and decode together
+    block_size: int = 8                 # tokens per KV block
+    num_blocks: int = 96                # KV blocks in the pool
+    max_waiting: int = 32               # requests queued beyond the running ones; more are refused (429)
+    request_timeout_s: float = 30.0     # a request not finished this long after it arrived is aborted
+    step_floor_ms: float = 0.0          # the least time a step takes (ModelRunner): a device's weight-bound step
+    device: str = "cpu"
+
+    @classmethod
+    def from_env(cls, environ=None) -> "ServeConfig":
+        raw = (environ if environ is not None else os.environ).get(ENV, "")
+        values = json.loads(raw) if raw else {}
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{ENV}: unknown field(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        return {ENV: json.dumps(asdict(self))}
+
+
+def serve_model(cfg: ServeConfig | None = None) -> GPT:
+    cfg = cfg or ServeConfig()
+    return GPT(SERVE_GPT, seed=cfg.seed).to(cfg.device).eval()
+
+
+def kv_pool_bytes(model_cfg: GPTConfig, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of the pool's K and V tensors: 2 x layers x KV heads x head_dim x slots x element size."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model_cfg.n_layer * model_cfg.kv_heads * model_cfg.head_dim * num_blocks * block_size * elem
+
+
+class KVPool:
+    """K and V of every block: (n_layer, kv_heads, num_blocks * block_size, head_dim) each; a block is a run of
+    block_size consecutive slots."""
+
+    def __init__(self, model_cfg: GPTConfig, num_blocks: int, block_size: int, *, dtype=torch.float32,
+                 device: str = "cpu"):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (model_cfg.n_layer, model_cfg.kv_heads, num_blocks * block_size, model_cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def slots(self, block_table: list[int], positions: range) -> list[int]:
+        """The slot of each position: block_table[p // block_size] * block_size + p % block_size."""
+        bs = self.block_size
+        if positions and positions[-1] // bs >= len(block_table):
+            raise ValueError(f"position {positions[-1]} needs block {positions[-1] // bs} but the block table holds "
+                             f"{len(block_table)} block(s) of {bs} tokens")
+        for b in block_table:
+            if not 0 <= b < self.num_blocks:
+                raise ValueError(f"block id {b} outside the pool's 0..{self.num_blocks - 1}")
+        return [block_table[p // bs] * bs + p % bs for p in positions]
+
+
+class ModelRunner:
+    """The model, its KV pool and the step floor: what an engine calls once per step."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.model = serve_model(cfg)
+        self.pool = KVPool(SERVE_GPT, cfg.num_blocks, cfg.block_size, device=cfg.device)
+        self.floor_s = cfg.step_floor_ms / 1000.0
+        self.steps = 0
+
+    def step(self, pieces: list["Piece"]) -> torch.Tensor:
+        """forward_batch over `pieces`, lasting at least the floor: (len(pieces), vocab) logits."""
+        started = time.perf_counter()
+        logits = forward_batch(self.model, self.pool, pieces)
+        self.steps += 1
+        rest = self.floor_s - (time.perf_counter() - started)
+        if rest > 0:
+            time.sleep(rest)
+        return logits
+
+
+@dataclass
+class Piece:
+    """What one sequence contributes to a step: new tokens at positions start .. start + len(tokens) - 1."""
+    tokens: list[int]
+    start: int
+    block_table: list[int] = field(default_factory=list)
+
+
+@torch.no_grad()
+def forward_batch(model: GPT, pool: KVPool, pieces: list[Piece]) -> torch.Tensor:
+    """One engine step over a ragged batch; returns (len(pieces), vocab) fp32 logits of each piece's last token."""
+    if not pieces or any(not p.tokens for p in pieces):
+        raise ValueError("forward_batch needs at least one piece, each with at least one token")
+    device = pool.k.device
+    ids = torch.tensor([t for p in pieces for t in p.tokens], device=device)
+    positions = [range(p.start, p.start + len(p.tokens)) for p in pieces]
+    if max(r[-1] for r in positions) >= model.cfg.seq_len:
+        raise ValueError(f"a position reaches {max(r[-1] for r in positions)}, the model holds {model.cfg.seq_len}")
+    pos = torch.tensor([i for r in positions for i in r], device=device)
+    write = torch.tensor([s for p, r in zip(pieces, positions) for s in pool.slots(p.block_table, r)], device=device)
+    starts = torch.tensor([len(p.tokens) for p in pieces], device=device).cumsum(0) - torch.tensor(
+        [len(p.tokens) for p in pieces], device=device)                      # each piece's first row in the batch
+    # decode pieces (one new token each) attend together, their keys padded to the longest and masked; a piece
+    # of several tokens (a prefill or a chunk of one) attends on its own
+    decode = [i for i, p in enumerate(pieces) if len(p.tokens) == 1]
+    others = [i for i, p in enumerate(pieces) if len(p.tokens) > 1]
+    if decode:
+        lengths = [positions[i][-1] + 1 for i in decode]
+        longest = max(lengths)
+        gather = torch.zeros(len(decode), longest, dtype=torch.long, device=device)
+        for row, i in enumerate(decode):
+            gather[row, :lengths[row]] = torch.tensor(pool.slots(pieces[i].block_table, range(lengths[row])))
+        key_mask = torch.arange(longest, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
+        decode_rows = starts[decode]
+    reads = {i: torch.tensor(pool.slots(pieces[i].block_table, range(positions[i][-1] + 1)), device=device)
+             for i in others}
+    x = model.tok_emb(ids)[None] + model.pos_emb(pos)[None]                  # (1, N, C), N tokens of all pieces
+    for layer, block in enumerate(model.blocks):
+        q, k, v = block.attn.qkv_heads(block.norm1(x))                       # q (1, H, N, hd), k v (1, KV, N, hd)
+        kc, vc = pool.k[layer], pool.v[layer]                                # (KV, slots, hd)
+        kc[:, write] = k[0].to(kc.dtype)
+        vc[:, write] = v[0].to(vc.dtype)
+        y = torch.empty(1, len(ids), x.shape[-1], dtype=x.dtype, device=device)
+        if decode:
+            K = kc[:, gather].transpose(0, 1).to(q.dtype)                    # (B, KV, S, hd)
+            V = vc[:, gather].transpose(0, 1).to(q.dtype)
+            qd = q[0, :, decode_rows].transpose(0, 1)[:, :, None]            # (B, H, 1, hd)
+            y[0, decode_rows] = block.attn.attend(qd, K, V, key_mask=key_mask)[:, 0]
+        for i in others:
+            T, s0 = len(pieces[i].tokens), int(starts[i])
+            K, V = kc[:, reads[i]][None].to(q.dtype), vc[:, reads[i]][None].to(q.dtype)   # (1, KV, S, hd)
+            y[:, s0:s0 + T] = block.attn.attend(q[:, :, s0:s0 + T], K, V)
+        x = x + y
+        x = x + block.mlp(block.norm2(x))
+    last = torch.tensor([len(p.tokens) for p in pieces], device=device).cumsum(0) - 1
+    return model.logits(x[:, last])[0].float()
+
+
+# The week 17 load point, shared by the judge and the learner's bench script ----------------------------------
+# A closed loop of BENCH_CONCURRENCY requests in flight, all sent at once (rate inf): most requests want 2 new
+# tokens, one in 12 wants 48, so a static batch waits for its longest member while continuous batching refills.
+BENCH_INPUT_LENS, BENCH_OUTPUT_LENS, BENCH_PER_CELL = (8, 24), (2,) * 11 + (48,), 8   # 192 requests
+BENCH_CONCURRENCY = 32
+BENCH_SLO_MS = {"ttft": 200.0, "tpot": 20.0}    # goodput: a request meeting both
+DEVICE_PRICE_PER_HOUR = 2.0                     # dollars per device hour, for the cost figures
+
+
+def bench_config(device: str = "cpu") -> ServeConfig:
+    """The engine limits of the load point; on a CPU the runner's 8 ms step floor stands in for a device."""
+    return ServeConfig(max_num_seqs=16, max_num_batched_tokens=128, block_size=8, num_blocks=48, max_waiting=32,
+                       request_timeout_s=30.0, step_floor_ms=8.0 if device == "cpu" else 0.0, device=device)
+
+
+def bench_specs(seed: int = 0):
+    """The load point's 192 requests (kit.loadgen.request_matrix over SERVE_GPT's vocabulary), shuffled."""
+    from infracourse.kit.loadgen import request_matrix
+
+    return request_matrix(BENCH_INPUT_LENS, BENCH_OUTPUT_LENS, BENCH_PER_CELL, vocab_size=SERVE_GPT.vocab_size,
+                          seed=seed)
