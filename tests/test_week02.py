@@ -46,10 +46,6 @@ CHOSEN_ONE_WORKER = replace_once('CHOSEN = {"read": "packed", "batch_size": 512,
                                  'CHOSEN = {"read": "file", "batch_size": 512, "workers": 1}')
 
 VARIANTS = {
-    # packed reads with workers skipped, as if a memory map could not gain from them
-    "CSV missing configurations": ("csv-complete", {BENCHMARK: replace_once(
-        "        for config in configs:\n",
-        '        for config in [c for c in configs if not (c["read"] == "packed" and c["workers"])]:\n')}),
     # the transfer clock stops before the copy: the copy lands in compute
     "transfer time counted as compute": ("transfer-timed", {BENCHMARK: replace_once(
         "        images, labels = to_device(batch, device)\n"
@@ -113,6 +109,6 @@ def test_report_in_other_words_passes(grade_lab):
 
 
 def test_report_with_an_invented_figure_fails(grade_lab, machine):
-    _, checks = grade_lab("week02", edits={"report.md": invented("speedup_over_baseline", 10.0)})
+    _, checks = grade_lab("week02", edits={"report.md": invented("speedup_over_baseline", 100.0)})
     assert checks["report"].status == "failed"
     assert "speedup_over_baseline = " in checks["report"].message and "the grader measured" in checks["report"].message

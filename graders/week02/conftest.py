@@ -9,6 +9,7 @@ import csv
 import random
 from dataclasses import dataclass, field
 
+import psutil
 import pytest
 
 from infracourse import bench
@@ -80,6 +81,24 @@ class Sweep:
     steps: int = 8
     rows: list = field(default_factory=list)
     runs: list = field(default_factory=list)
+    worker_rss_mb: float = 0.0  # the training process's resident memory, read by the grader after the sweep
+
+
+def process_rss_mb(pid: int) -> float:
+    """The largest resident memory (MiB) among a process and its descendants: for the grading worker, the
+    Python process that ran the learner's training (the sandbox's launcher is tiny)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    sizes = []
+    for proc in procs:
+        try:
+            sizes.append(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+    return max(sizes, default=0) / 2**20
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +110,8 @@ def sweep(script, root, learner, plan):
     trainer = learner.worker.build(WorkerObject("infracourse.kit.data:StampedTrainer"))
     script.sweep(root, [dict(c) for c in run.configs], out, warmup=run.warmup, steps=run.steps, trainer=trainer)
     run.runs = trainer.take()
+    if learner.worker.proc is not None:
+        run.worker_rss_mb = process_rss_mb(learner.worker.proc.pid)
     if not out.exists():
         raise LabCheckFailed("sweep() wrote no CSV file at the path it was given")
     with out.open(newline="") as fh:

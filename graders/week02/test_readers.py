@@ -80,6 +80,8 @@ def test_packed_reads_a_mapped_file(loaders, root, learner, plan):
     probe = learner.worker.scratch / f"probe-{plan.seed}"
     probe.mkdir(exist_ok=True)
     np.save(probe / "labels.npy", labels)
+    if not (probe / "files").exists():
+        (probe / "files").symlink_to(root / "files")  # the per-sample layout as it is: the seed's images
     packed = (255 - images).astype(np.uint8)
     np.save(probe / "packed.npy", packed)
     batch_size = plan.probe_batch
