@@ -82,6 +82,34 @@ def test_second_set_of_mistakes_fails_each_check(grade_lab):
     assert checks["tp-forward"].status == "passed", checks["tp-forward"].message  # the output is right
 
 
+# Detection and restart lumped together: the restarted rank stamps the failure's detection when it starts, 2-3 s
+# after the grader saw the killed world gone; the parameters, the resume and the report's figures are right
+LUMPED = {"elastic_train.py": replace_once(
+    "detected_at = failure_noticed(events_path, restart - 1) if restart else None",
+    "detected_at = restarted_at if restart else None")}
+
+
+@pytest.mark.slow
+@pytest.mark.variant
+def test_detection_stamped_at_the_restart_fails_recovery_times(grade_lab):
+    result, checks = grade_lab("week14", edits=LUMPED)
+    assert not result.complete
+    assert checks["recovery-times"].status == "failed", checks["recovery-times"].message
+    message = checks["recovery-times"].message
+    assert message.startswith("detected_at") and "killed world's last rank gone" in message, message
+    assert checks["recovery-params"].status == "passed", checks["recovery-params"].message
+
+
+@pytest.mark.slow
+@pytest.mark.variant
+def test_detection_time_longer_than_the_window_fails_the_report(grade_lab):
+    """A detection of 27 s in the report, where the grade measured the whole recovery in a few seconds."""
+    result, checks = grade_lab("week14", edits={"report.md": invented("detection_seconds", 300)})
+    assert checks["recovery-times"].status == "passed", checks["recovery-times"].message
+    assert checks["report"].status == "failed" and "detection_seconds" in checks["report"].message, \
+        checks["report"].message
+
+
 @pytest.mark.slow
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     """Modules holding Megatron shards with one autograd.Function for f and g; GPipe in closed form and 1F1B

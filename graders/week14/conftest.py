@@ -71,7 +71,8 @@ class Recovery:
     killed_at: float = 0.0               # time.time() of the SIGKILL
     complete_at_kill: list[int] = field(default_factory=list)  # steps whose checkpoint had DCP's .metadata
     planted: str = ""                    # the half-written checkpoint folder the judge added
-    seen: dict[str, float] = field(default_factory=dict)      # judge-clocked: first_step, caught_up, finished
+    seen: dict[str, float] = field(default_factory=dict)      # judge-clocked: torn_down, new_ranks, first_step,
+    #                                                           caught_up, finished
     lines: list[dict] = field(default_factory=list)           # rank 0's step lines, in order
     note: str = ""
 
@@ -122,10 +123,11 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
                        scratch=scratch, max_restarts=1)
     recovery = Recovery(run=None, seed=seed, kill_step=kill_step)  # type: ignore[arg-type]
     log = logs / "rank0.jsonl"
-    deadline = time.time() + 90
+    deadline, old = time.time() + 90, set()
     while time.time() < deadline and proc.poll() is None:
         victim = rank_processes(proc).get(1) if any(line["step"] >= kill_step for line in _lines(log)) else None
         if victim is not None:
+            old = set(rank_processes(proc).values())  # the killed world's ranks, the victim among them
             recovery.killed_at = time.time()
             os.kill(victim, signal.SIGKILL)
             recovery.complete_at_kill = _complete(checkpoints)
@@ -136,8 +138,17 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
     if not recovery.killed_at:
         recovery.note = (f"rank 0 never logged step {kill_step} in {log.name} while rank 1 was alive, so no rank "
                          "was killed")
-    # the judge's clock of the restarted world, read from rank 0's log as it grows
+    # the judge's clock of the restarted world: its processes (torchrun's agent tears the killed world down,
+    # then starts new ranks), and rank 0's log as it grows
     while recovery.killed_at and time.time() < deadline and proc.poll() is None:
+        if "new_ranks" not in recovery.seen:
+            live = set(rank_processes(proc).values())
+            now = time.time()
+            if "torn_down" not in recovery.seen and not live & old:
+                recovery.seen["torn_down"] = now  # no rank of the killed world is left
+            if len(live - old) >= WORLD:
+                recovery.seen.setdefault("torn_down", now)
+                recovery.seen["new_ranks"] = now  # torchrun has started every rank of the new world
         lines = _lines(log)
         reached = max((line["step"] for line in lines if line["restart"] == 0), default=kill_step)
         fresh = [line for line in lines if line["restart"] >= 1]

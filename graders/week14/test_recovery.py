@@ -74,27 +74,49 @@ def test_resume(recovery):
                              f"{recovery.where()}")
 
 
+PHASES = ("detected_at", "restarted_at", "loaded_at", "caught_up_at", "finished_at")
+
+
 @pytest.mark.check("recovery-times")
 def test_times(recovery, record):
+    """Each phase of the recovery stamped by the learner, in order, inside the window the judge's own clock
+    gives it: the kill (the judge sent SIGKILL), the killed world torn down (no rank process of it left, the
+    judge's process view), the new world's ranks started (new rank processes), rank 0's first step line after
+    the restart, its catch-up line, the launch's end."""
     out = _finished(recovery)[0]
     seen, killed = recovery.seen, recovery.killed_at
-    times = {k: out.get(k) for k in ("started_at", "loaded_at", "caught_up_at", "finished_at")}
+    times = {k: out.get(k) for k in PHASES}
     if not all(isinstance(v, float) for v in times.values()):
-        raise LabCheckFailed(f"the result's times are {times}; report each as time.time() seconds")
-    bounds = [("started_at", killed, seen.get("first_step", seen["finished"]) + SLACK_S,
-               "the restarted rank's start: after the kill, before its first step line"),
-              ("loaded_at", times["started_at"], seen.get("first_step", seen["finished"]) + SLACK_S,
-               "the end of the reload: after the start, before the first step"),
+        raise LabCheckFailed(f"the result's times are {times}; report each as time.time() seconds (detected_at: "
+                             "when the killed attempt's rank 0 learnt of the failure, read back from its events "
+                             "file by the restarted attempt)")
+    first_step = seen.get("first_step", seen["finished"])
+    torn_down = seen.get("torn_down", first_step)
+    new_ranks = seen.get("new_ranks", torn_down)
+    bounds = [("detected_at", killed, torn_down + SLACK_S,
+               "the failure's detection: after the kill, before the grader saw the killed world's last rank gone"),
+              ("restarted_at", max(times["detected_at"], new_ranks - SLACK_S), first_step + SLACK_S,
+               "the restarted rank's train() (process group formed): after the detection and after the grader saw "
+               "the new ranks started, before its first step line"),
+              ("loaded_at", times["restarted_at"], first_step + SLACK_S,
+               "the end of the reload: after the restart, before the first step line"),
               ("caught_up_at", times["loaded_at"], seen.get("caught_up", seen["finished"]) + SLACK_S,
-               "the time the killed step was done again: after the reload, when its line was written"),
+               "the time the killed attempt's last step was done again: after the reload, when its line was "
+               "written"),
               ("finished_at", times["caught_up_at"], seen["finished"] + SLACK_S,
-               "the end of train(): before the process exited")]
+               "the end of train(): before the launch ended")]
     for name, low, high, meaning in bounds:
         if not low <= times[name] <= high:
             raise LabCheckFailed(f"{name} is {times[name] - killed:+.3f} s from the kill; the grader's clock puts "
                                  f"{meaning} between {low - killed:+.3f} and {high - killed:+.3f} s "
-                                 f"{recovery.where()}")
-    record("detection and restart", times["started_at"] - killed, unit="s")
-    record("reload", times["loaded_at"] - times["started_at"], unit="s")
+                                 f"{recovery.where()}. Stamp each phase with time.time() when it ends: detection "
+                                 "in the killed attempt (its collective raised, or torchrun's SIGTERM came), the "
+                                 "restart on entering train(), the reload after dcp.load, the catch-up when the "
+                                 "killed attempt's last step is done again")
+    record("detection", times["detected_at"] - killed, unit="s")
+    record("restart", times["restarted_at"] - times["detected_at"], unit="s")
+    record("reload", times["loaded_at"] - times["restarted_at"], unit="s")
     record("catch-up", times["caught_up_at"] - times["loaded_at"], unit="s")
     record("recovery (grader)", seen.get("caught_up", times["caught_up_at"]) - killed, unit="s")
+    record("killed world torn down (grader)", torn_down - killed, unit="s")
+    record("new ranks started (grader)", new_ranks - killed, unit="s")

@@ -1,11 +1,14 @@
 """Data-parallel training that survives a killed rank: torchrun (--max-restarts) starts the world again, and
 every rank resumes from the newest complete sharded checkpoint (torch.distributed.checkpoint).
 
-Each rank appends one JSON line per finished step to log_dir/rank{r}.jsonl; the return value of the attempt
-that finishes reports where it resumed and when each phase of the recovery ended (time.time(), seconds).
+Each rank appends one JSON line per finished step to log_dir/rank{r}.jsonl, and one to
+log_dir/rank{r}.events.jsonl when it learns that the world failed (a collective raised, or torchrun's SIGTERM
+came); the return value of the attempt that finishes reports where it resumed and when each phase of the
+recovery ended (time.time(), seconds): detection, restart, reload, catch-up.
 """
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -49,12 +52,37 @@ def previous_attempt_end(log_path):
     return last
 
 
+def failure_noticed(events_path, restart):
+    """When the given attempt first learnt of the failure (its events file), or None."""
+    times = []
+    if events_path.exists():
+        for line in events_path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("restart") == restart and entry.get("event") == "failure":
+                times.append(entry["time"])
+    return min(times, default=None)
+
+
 def train(checkpoint_dir, log_dir, seed, steps, save_every, step_seconds):
-    started_at = time.time()
+    restarted_at = time.time()  # torchrun started this rank and the process group is formed
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log_path = Path(log_dir) / f"rank{rank}.jsonl"
+    events_path = Path(log_dir) / f"rank{rank}.events.jsonl"
     reached, last_alive_at = previous_attempt_end(log_path)
+    detected_at = failure_noticed(events_path, restart - 1) if restart else None
+
+    def note_failure(cause):
+        with open(events_path, "a") as events:
+            events.write(json.dumps({"restart": restart, "event": "failure", "cause": cause,
+                                     "time": time.time()}) + "\n")
+            events.flush()
+
+    def on_sigterm(signum, frame):  # torchrun tears the world down: the surviving ranks get SIGTERM
+        note_failure("SIGTERM from torchrun")
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     params = elastic_params(seed)
     state = {"w1": params["w1"], "w2": params["w2"], "momentum_w1": torch.zeros_like(params["w1"]),
@@ -66,25 +94,29 @@ def train(checkpoint_dir, log_dir, seed, steps, save_every, step_seconds):
     loaded_at = time.time()
     caught_up_at = loaded_at if reached <= resumed_from else None
 
-    with open(log_path, "a") as log:
-        for step in range(resumed_from + 1, steps + 1):
-            w = {k: state[k].requires_grad_() for k in ("w1", "w2")}
-            grads = torch.autograd.grad(elastic_loss(w, *elastic_batch(seed, step, rank)), [w["w1"], w["w2"]])
-            with torch.no_grad():
-                for name, grad in zip(("w1", "w2"), grads):
-                    dist.all_reduce(grad)
-                    grad /= world
-                    state[f"momentum_{name}"].mul_(ELASTIC["momentum"]).add_(grad)
-                    state[name] = state[name].detach().add_(state[f"momentum_{name}"], alpha=-ELASTIC["lr"])
-            state["step"] = torch.tensor(step)
-            time.sleep(step_seconds)  # stands for the compute of a real step
-            log.write(json.dumps({"restart": restart, "step": step, "time": time.time()}) + "\n")
-            log.flush()
-            if step == reached:
-                caught_up_at = time.time()
-            if step % save_every == 0:
-                save(state, checkpoint_dir, step)
+    try:
+        with open(log_path, "a") as log:
+            for step in range(resumed_from + 1, steps + 1):
+                w = {k: state[k].requires_grad_() for k in ("w1", "w2")}
+                grads = torch.autograd.grad(elastic_loss(w, *elastic_batch(seed, step, rank)), [w["w1"], w["w2"]])
+                with torch.no_grad():
+                    for name, grad in zip(("w1", "w2"), grads):
+                        dist.all_reduce(grad)
+                        grad /= world
+                        state[f"momentum_{name}"].mul_(ELASTIC["momentum"]).add_(grad)
+                        state[name] = state[name].detach().add_(state[f"momentum_{name}"], alpha=-ELASTIC["lr"])
+                state["step"] = torch.tensor(step)
+                time.sleep(step_seconds)  # stands for the compute of a real step
+                log.write(json.dumps({"restart": restart, "step": step, "time": time.time()}) + "\n")
+                log.flush()
+                if step == reached:
+                    caught_up_at = time.time()
+                if step % save_every == 0:
+                    save(state, checkpoint_dir, step)
+    except Exception as exc:  # a collective with a dead peer raises: this rank has detected the failure
+        note_failure(type(exc).__name__)
+        raise
     return {"params": {"w1": state["w1"].detach(), "w2": state["w2"].detach()}, "restart": restart,
             "resumed_from": resumed_from, "lost_steps": max(reached - resumed_from, 0),
-            "last_alive_at": last_alive_at, "started_at": started_at, "loaded_at": loaded_at,
-            "caught_up_at": caught_up_at, "finished_at": time.time()}
+            "last_alive_at": last_alive_at, "detected_at": detected_at, "restarted_at": restarted_at,
+            "loaded_at": loaded_at, "caught_up_at": caught_up_at, "finished_at": time.time()}
