@@ -56,13 +56,21 @@ class Served:
     phases: dict[str, Phase]
     log: str = ""
 
+    def failed(self, what: str) -> LabCheckFailed:
+        """A failure whose message adds what the server's log says went wrong, if anything."""
+        return LabCheckFailed(teach_from_log(self.log, what))
+
 
 def teach(server: Server, what: str) -> str:
     """`what`, plus the server's NotImplementedError or last traceback line when its log has one."""
-    log = server.log_tail(6000)
-    if "NotImplementedError" in log:
-        line = [x for x in log.splitlines() if "NotImplementedError" in x][-1].strip()
-        return f"{what}. Your server raised {line}: that part is not written yet (see the handout)"
+    return teach_from_log(server.log_tail(20000), what)
+
+
+def teach_from_log(log: str, what: str) -> str:
+    """`what`, plus the NotImplementedErrors (each once) or the last error line of the server's log."""
+    todo = list(dict.fromkeys(x.strip() for x in log.splitlines() if x.startswith("NotImplementedError")))
+    if todo:
+        return (f"{what}. Your server raised {'; '.join(todo[-3:])}: not written yet (see the handout)")
     errors = re.findall(r"^\w*(?:Error|Exception)\b.*$", log, re.MULTILINE)
     return f"{what}. Your server's log ends with: {errors[-1]}" if errors else what
 
@@ -244,30 +252,42 @@ def phase_timeout(server: Server, seed: int, itl_s: float) -> dict:
 
 
 def phase_burst(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
+    """All at once, each on its own raw stream (a thread each): status, seconds to the status line, text."""
     n = cfg.max_num_seqs + cfg.max_waiting + 32
     specs = request_matrix([8], [16], n, vocab_size=128, seed=seed + 6)
-    out, samples = {}, []
+    answers: list[dict | None] = [None] * n
+    samples, start = [], threading.Barrier(n + 1)
 
-    def send():
-        out["records"], out["duration_s"] = server.load(specs, timeout_s=60.0)
+    def one(i: int) -> None:
+        start.wait()
+        try:
+            stream = server.stream(body(specs[i].prompt_ids, specs[i].max_tokens), timeout_s=60.0)
+        except OSError as exc:
+            answers[i] = {"status": 0, "status_s": None, "text": "", "done": False, "error": str(exc)}
+            return
+        status_s, text, done = time.perf_counter() - stream.sent, [], False
+        try:
+            if stream.status == 200:
+                for _, event in stream.events():
+                    if event == "[DONE]":
+                        done = True
+                        break
+                    if isinstance(event, dict):
+                        text.append((event.get("choices") or [{}])[0].get("text") or "")
+        finally:
+            stream.close()
+        answers[i] = {"status": stream.status, "status_s": status_s, "text": "".join(text), "done": done,
+                      "error": ""}
 
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    probe_status, probe_s = None, None
-    deadline = time.perf_counter() + 3.0
-    while sender.is_alive() and time.perf_counter() < deadline:
-        s = state(server)
-        samples.append(s)
-        if s["waiting"] >= cfg.max_waiting:  # the queue is full now: one more must be refused, at once
-            probe = server.stream(body(specs[0].prompt_ids, 16))
-            probe_status, probe_s = probe.status, time.perf_counter() - probe.sent
-            probe.close()
-            break
-        time.sleep(0.005)
-    sender.join(90)
-    samples.append(state(server))
-    return {"specs": specs, "records": out.get("records"), "samples": samples, "probe_status": probe_status,
-            "probe_s": probe_s, "n": n}
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    while any(t.is_alive() for t in threads) and time.perf_counter() - began < 90:
+        samples.append(state(server))
+        time.sleep(0.02)
+    return {"specs": specs, "answers": answers, "samples": samples, "n": n}
 
 
 def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
@@ -282,23 +302,27 @@ def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
 
 
 @pytest.fixture(scope="session")
-def served(learner, seed, device, tmp_path_factory) -> Served:
+def learner_server(learner, device, tmp_path_factory):
+    """The learner's server, up for the whole grade (the throughput check may measure it again)."""
     cfg = batching.bench_config(device)
-    s = seed % 10_000
+    with serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=cfg.to_env(),
+               ready_timeout_s=60, device=device) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def served(learner_server, seed, device) -> Served:
+    server, cfg, s = learner_server, batching.bench_config(device), seed % 10_000
     phases: dict[str, Phase] = {}
-    scratch = tmp_path_factory.mktemp("srv")
-    with serve(learner.root, "server:app", scratch=scratch, env=cfg.to_env(), ready_timeout_s=60,
-               device=device) as server:
-        _run(phases, "load", server, phase_load, s)
-        _run(phases, "starvation", server, phase_starvation, s)
-        _run(phases, "disconnect", server, phase_disconnect, s)
-        itl = 0.01
-        if not phases["load"].failure:
-            itl = max(1e-4, phases["load"].data["metrics"]["tpot_ms"]["median"] / 1000)
-        _run(phases, "timeout", server, phase_timeout, s, itl)
-        _run(phases, "burst", server, phase_burst, s, cfg)
-        log = server.log_tail(4000)
-    return Served(s, device, cfg, phases, log)
+    _run(phases, "load", server, phase_load, s)
+    _run(phases, "starvation", server, phase_starvation, s)
+    _run(phases, "disconnect", server, phase_disconnect, s)
+    itl = 0.01
+    if not phases["load"].failure:
+        itl = max(1e-4, phases["load"].data["metrics"]["tpot_ms"]["median"] / 1000)
+    _run(phases, "timeout", server, phase_timeout, s, itl)
+    _run(phases, "burst", server, phase_burst, s, cfg)
+    return Served(s, device, cfg, phases, server.log_tail(20000))
 
 
 @pytest.fixture(scope="session")
@@ -308,19 +332,26 @@ def judge_model(served):
 
 
 @pytest.fixture(scope="session")
-def baseline(served, tmp_path_factory) -> dict:
-    """The course's static-batching server on the same load point, the same seed, the judge's clock."""
-    cfg = served.cfg
-    empty = tmp_path_factory.mktemp("static-app")  # nothing of the learner's on its import path
+def static_server(device, tmp_path_factory):
+    """The course's static-batching server (kit.static_server), same limits; nothing of the learner's on its
+    import path."""
+    empty = tmp_path_factory.mktemp("static-app")
     with serve(empty, "infracourse.kit.static_server:app", scratch=tmp_path_factory.mktemp("srv-static"),
-               env=cfg.to_env(), ready_timeout_s=60, device=served.device) as server:
-        specs = batching.bench_specs(served.seed)
-        records, duration = server.load(specs, concurrency=batching.BENCH_CONCURRENCY, timeout_s=60.0)
-    metrics = compute_metrics(records, duration, percentiles=PERCENTILES)
+               env=batching.bench_config(device).to_env(), ready_timeout_s=60, device=device) as server:
+        yield server
+
+
+def output_throughput(server: Server, seed: int, who: str) -> float:
+    """The load point through `server`, the judge's clock: output tokens of successful requests per second."""
+    records, duration = server.load(batching.bench_specs(seed), concurrency=batching.BENCH_CONCURRENCY,
+                                    timeout_s=60.0)
+    metrics = compute_metrics(records, duration)
     if metrics["failed"]:
-        raise RuntimeError(f"the course's static-batching baseline failed {metrics['failed']} requests "
-                           f"({[r.error for r in records if not r.success][:2]}); a course bug, please report it")
-    return {"records": records, "duration_s": duration, "metrics": metrics}
+        message = f"{metrics['failed']} requests failed ({[r.error for r in records if not r.success][:2]})"
+        if who == "static":
+            raise RuntimeError(f"the course's static-batching baseline: {message}; a course bug, please report it")
+        raise LabCheckFailed(f"the load point, measured again: {message}")
+    return metrics["output_throughput"]
 
 
 def median(values):

@@ -16,7 +16,7 @@ def test_greedy_outputs(served, judge_model, record):
     failed = [(i, r.error) for i, r in enumerate(records) if not r.success]
     if failed:
         i, error = failed[0]
-        raise LabCheckFailed(
+        raise served.failed(
             f"{len(failed)} of the load point's {len(records)} requests failed (32 in flight, at most "
             f"{served.cfg.max_num_seqs} running and {served.cfg.max_waiting} waiting: none may be refused at this "
             f"load); request {i} (prompt of {len(specs[i].prompt_ids)} tokens, max_tokens {specs[i].max_tokens}): {error[:400]}")

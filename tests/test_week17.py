@@ -1,0 +1,109 @@
+"""Week 17 proves its grader: the solution passes, the starter fails every check saying what to write, each
+wrong variant the issue names fails its own check (and only it), and an honest solution in another style
+(tests/fixtures/week17-honest: chunked prefill, an asyncio engine loop, a priority-free admission written
+differently) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes
+from reportproof import invented, reworded
+
+pytestmark = pytest.mark.slow
+
+HONEST = Path(__file__).parent / "fixtures" / "week17-honest"
+SOLUTION = Path(__file__).parent.parent / "labs" / "week17-continuous-batching" / "solution"
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week17")
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week17", source="starter", stamp=False)
+    assert not result.complete
+    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    for check in ("greedy-outputs", "blocks-freed", "disconnect-frees", "backpressure", "request-timeout",
+                  "no-starvation"):
+        assert "not written yet" in checks[check].message, (check, checks[check].message)
+    assert "python bench.py" in checks["raw-records"].message
+
+
+def tpot_over_all_tokens(report: str) -> str:
+    """The report with tpot_p50_ms computed the wrong way from the solution's own records: E2EL / n, the first
+    token (prefill and queueing) counted as a decode step."""
+    records = json.loads((SOLUTION / "records.json").read_text())["records"]
+    wrong = statistics.median((r["chunk_times"][-1] - r["send_time"]) / r["output_tokens"] * 1000
+                              for r in records if r["success"] and r["output_tokens"] > 1)
+    lines = [f"tpot_p50_ms: {wrong:.6g}" if line.startswith("tpot_p50_ms:") else line for line in report.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+STARVE = replace_once(
+    """        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.tokens)):
+                break
+            budget -= len(seq.tokens)
+            self.running.append(self.waiting.popleft())
+            scheduled.append(seq)""",
+    """        for seq in sorted(self.waiting, key=lambda s: len(s.tokens)):  # shortest first: packs the batch
+            if len(self.running) >= self.cfg.max_num_seqs:
+                break
+            if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.tokens)):
+                continue
+            budget -= len(seq.tokens)
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            scheduled.append(seq)""")
+
+VARIANTS = {
+    # shortest prompt first, skipping what does not fit: long prompts wait while short ones keep coming
+    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}),
+    # the report's TPOT divides E2EL by every token, the first (prefill, queueing) included
+    "TPOT computed over all tokens": ("raw-records", {"report.md": tpot_over_all_tokens}),
+    # a closed stream is only forgotten by the server: the engine generates on into blocks nobody reads
+    "blocks not freed on disconnect": ("disconnect-frees", {"server.py": replace_once(
+        """        except asyncio.TimeoutError:
+            yield sse({"error": {"message": f"timed out after {timeout} s", "code": 504}})
+        finally:  # finished, timed out, or the client went away (the stream is cancelled): free its blocks
+            engine.streams.pop(seq.id, None)
+            engine.inbox.put(("abort", seq))""",
+        """        except asyncio.TimeoutError:
+            yield sse({"error": {"message": f"timed out after {timeout} s", "code": 504}})
+            engine.inbox.put(("abort", seq))
+        finally:
+            engine.streams.pop(seq.id, None)""")}),
+    # every request is queued, however long the queue
+    "unbounded queue (no 429)": ("backpressure", {"server.py": replace_once(
+        "    if engine.queued() >= cfg.max_waiting:", "    if False:")}),
+    # static batching in disguise: new sequences join only when the batch has emptied
+    "admission only into an empty batch": ("throughput-vs-static", {"engine.py": replace_once(
+        "        while self.waiting and len(self.running) < self.cfg.max_num_seqs:",
+        "        while self.waiting and len(self.running) < self.cfg.max_num_seqs and len(scheduled) == len(self.running) == 0 or (self.waiting and 0 < len(self.running) < self.cfg.max_num_seqs and self.running[-1].computed == 0):")}),
+    "invented output throughput in the report": ("report", {"report.md": invented("output_tokens_per_s", 50000.0)}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    result, checks = grade_lab("week17", edits=edits)
+    assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
+    others = {c.id: (c.status, c.message[:300]) for c in checks.values()
+              if c.id not in (check_id, "report", "throughput-vs-static") and c.status != "passed"}
+    assert not others, others
+    assert not result.complete
+
+
+def test_report_in_other_words_passes(grade_lab):
+    _, checks = grade_lab("week17", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week17",
+                           edits={name: (HONEST / name).read_text() for name in ("engine.py", "server.py")})
