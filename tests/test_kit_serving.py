@@ -202,3 +202,100 @@ def test_run_load_over_a_unix_socket():
     assert all(r.ttft > 0 and r.e2el >= r.ttft for r in records[:2])
     m = compute_metrics(records, duration)
     assert m["completed"] == 2 and m["total_output"] == 10 and m["total_input"] == 10
+
+
+# --- week 17: raw records on disk, serving cost, the batching kit, the judge's server launcher -------------------
+
+def test_records_round_trip_and_recompute(tmp_path):
+    from infracourse.kit.loadgen import read_records, write_records
+
+    records = [RequestRecord(8, 1.0, [1.1, 1.2, 1.4], 3, True, "", "abc"), RequestRecord(24, 1.05, [], 0, False,
+                                                                                       "HTTP 429", "")]
+    write_records(tmp_path / "r.json", records, 0.5, concurrency=32, arrivals="all at once")
+    back, duration, conditions = read_records(tmp_path / "r.json")
+    assert back == records and duration == 0.5 and conditions == {"concurrency": 32, "arrivals": "all at once"}
+    assert compute_metrics(back, duration) == compute_metrics(records, 0.5)
+    (tmp_path / "bad.json").write_text(json.dumps({"duration_s": 1, "records": [{"prompt_tokens": 1}]}))
+    with pytest.raises(ValueError, match="exactly the fields"):
+        read_records(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"duration_s": 0, "records": []}))
+    with pytest.raises(ValueError, match="duration_s"):
+        read_records(tmp_path / "bad.json")
+
+
+def test_serving_cost_counts_the_whole_wall_time():
+    from infracourse.kit.loadgen import serving_cost
+
+    m = {"duration_s": 36.0, "completed": 10, "total_output": 200}
+    cost = serving_cost(m, 2.0)  # 36 s at $2/h = $0.02, idle moments included
+    assert math.isclose(cost["run_usd"], 0.02) and math.isclose(cost["usd_per_request"], 0.002)
+    assert math.isclose(cost["usd_per_1m_output_tokens"], 0.02 / 200 * 1e6)
+    assert serving_cost({"duration_s": 1.0, "completed": 0, "total_output": 0}, 2.0)["usd_per_request"] == math.inf
+
+
+def test_forward_batch_ragged_chunked_and_recomputed_equals_greedy():
+    """Prefills, decodes, a prompt split in two chunks and a sequence recomputed from scratch in one step, over
+    scattered blocks: each sequence's tokens are sequential greedy generation's."""
+    from infracourse.kit.batching import SERVE_GPT, KVPool, Piece, ServeConfig, forward_batch, serve_model
+
+    model = serve_model(ServeConfig(seed=3))
+    pool = KVPool(SERVE_GPT, 40, 4)
+    prompts = seeded_prompts(3, 128, 3, 20, seed=1)
+    tables = [[30, 2, 17, 5, 9, 11, 23], [1, 0, 38, 7, 12, 13, 14], [39, 3, 4, 6, 8, 10, 15]]
+    want = [greedy_generate(model, p, 6) for p in prompts]
+    out = [[] for _ in prompts]
+    half = len(prompts[2]) // 2
+    forward_batch(model, pool, [Piece(prompts[2][:half], 0, tables[2])])          # a chunk: no token from it
+    first = forward_batch(model, pool, [Piece(prompts[0], 0, tables[0]), Piece(prompts[1], 0, tables[1]),
+                                        Piece(prompts[2][half:], half, tables[2])]).argmax(-1).tolist()
+    for o, t in zip(out, first):
+        o.append(t)
+    for step in range(5):
+        pieces = [Piece([o[-1]], len(p) + len(o) - 1, tb) for p, o, tb in zip(prompts, out, tables)]
+        if step == 2:  # sequence 1 preempted and recomputed: prompt + its tokens in one piece, fresh blocks
+            pieces[1] = Piece(prompts[1] + out[1], 0, [20, 21, 22, 24, 25, 26, 27])
+            tables[1] = pieces[1].block_table
+        for o, t in zip(out, forward_batch(model, pool, pieces).argmax(-1).tolist()):
+            o.append(t)
+    assert out == want
+    with pytest.raises(ValueError, match="block table holds"):
+        forward_batch(model, pool, [Piece([1] * 5, 0, [0])])
+
+
+def test_serve_config_from_env_and_model_runner_floor():
+    import time
+
+    from infracourse.kit.batching import ModelRunner, Piece, ServeConfig
+
+    cfg = ServeConfig.from_env({"INFRACOURSE_SERVE": json.dumps({"num_blocks": 8, "step_floor_ms": 30})})
+    assert cfg.num_blocks == 8 and cfg.max_num_seqs == ServeConfig().max_num_seqs
+    assert ServeConfig.from_env(cfg.to_env()) == cfg
+    with pytest.raises(ValueError, match="unknown field"):
+        ServeConfig.from_env({"INFRACOURSE_SERVE": '{"blocks": 8}'})
+    runner = ModelRunner(cfg)
+    started = time.perf_counter()
+    runner.step([Piece([1, 2, 3], 0, [0])])
+    assert time.perf_counter() - started >= 0.03 and runner.pool.nbytes == 2 * 2 * 2 * 8 * 8 * 16 * 4
+
+
+def test_serve_starts_answers_and_reports_a_crash(tmp_path):
+    from infracourse.grading.serving import ServerFailed, serve
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "server.py").write_text(
+        "import os\nfrom fastapi import FastAPI\napp = FastAPI()\n"
+        "@app.get('/health')\ndef health():\n    return {'ok': True}\n"
+        "@app.get('/die')\ndef die():\n    print('dying now', flush=True)\n    os._exit(3)\n")
+    with serve(app, "server:app", scratch=tmp_path / "s", ready_timeout_s=60) as server:
+        assert server.get_json("/health") == {"ok": True} and server.alive()
+    assert not server.alive()  # killed on leaving the block
+    with pytest.raises(ServerFailed, match="dying now"):
+        with serve(app, "server:app", scratch=tmp_path / "s2", ready_timeout_s=60) as server:
+            with pytest.raises(Exception):
+                server.request("GET", "/die")
+            server.proc.wait(10)
+    (app / "broken.py").write_text("raise RuntimeError('no app here')\n")
+    with pytest.raises(ServerFailed, match="no app here"):
+        with serve(app, "broken:app", scratch=tmp_path / "s3", ready_timeout_s=60):
+            pass
