@@ -7,36 +7,35 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from infracourse import bench
 from infracourse.grading.remote import WorkerObject
 from infracourse.guard import LabCheckFailed, WrongOutput
 
 KEYS = ("utilisation", "tokens_per_s", "useful_tokens_per_s")
 
 
-ROUNDS = 5  # alternating passes of the padded baseline and the learner's packing
+ROUNDS = 5  # rounds of back-to-back passes: the padded baseline, then the learner's packing
 
 
-def _fastest_seconds(fns, device):
-    """Seconds for each fn() on the host clock, the device drained inside the timed call (the effective
-    throughput a caller sees, host preparation included), the fastest of ROUNDS passes. The passes alternate,
-    so a burst of load on a shared machine slows both sides instead of one, and the fastest pass is the one
-    least disturbed."""
+def _timed_rounds(padded, packed, worker, device):
+    """ROUNDS rounds of back-to-back passes, the padded baseline then the packing: per side, each pass's host
+    wall clock (the device drained inside it: the effective throughput a caller sees, host preparation
+    included) and its CPU seconds (the judge's own thread for its padding; the worker's processes, read from
+    the kernel's accounting, for the packing)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def drained(fn):
-        def call():
+    sides = [(padded, time.thread_time), (packed, worker.cpu_seconds)]
+    wall, cpu = [[], []], [[], []]
+    for round_ in range(ROUNDS):
+        for i, (fn, cpu_clock) in enumerate(sides):
+            if round_ == 0:
+                fn()  # warm-up
+                sync()
+            c0, t0 = cpu_clock(), time.perf_counter()
             fn()
             sync()
-        return call
-
-    best = [math.inf] * len(fns)
-    for round_ in range(ROUNDS):
-        for i, fn in enumerate(fns):
-            seconds = bench.measure(drained(fn), warmup=1 if round_ == 0 else 0, reps=1, flush_l2=False,
-                                    device="cpu").median_s
-            best[i] = min(best[i], seconds)
-    return best
+            t1, c1 = time.perf_counter(), cpu_clock()
+            wall[i].append(t1 - t0)
+            cpu[i].append(None if c0 is None or c1 is None else c1 - c0)
+    return wall, cpu
 
 
 @pytest.mark.check("effective-gain")
@@ -51,12 +50,27 @@ def test_effective_gain(schemes, workload, learner, device, lab_check, record):
     # clocked here, it carries one round trip per pass (well under 1 % of a pass) and nothing else.
     packed = learner.worker.build(WorkerObject("infracourse.kit.sequences:SchemeLoop",
                                                (schemes.pack, workload.remote_model, batches)))
-    padded_s, packed_s = _fastest_seconds([padded, packed], device)
+    wall, cpu = _timed_rounds(padded, packed, learner.worker, device)
     _require_timed_outputs(packed.digest(), model, batches)
-    gain = padded_s / packed_s  # same useful tokens in both
+    # Same useful tokens on both sides, so the gain is a ratio of times. On a GPU: the fastest drained pass of
+    # each side. On a CPU the work is CPU time, which other load on a shared machine leaves nearly alone while
+    # it stretches the wall clock of a 25 ms pass by half: the fastest pass of each side in CPU seconds, with
+    # the wall-clock gain held to half the factor as well (work moved out of sight of the accounting still
+    # shows on the wall).
+    wall_gain = min(wall[0]) / min(wall[1])
+    cpu_gain = None
+    if device == "cpu" and all(x is not None and x > 0 for side in cpu for x in side):
+        cpu_gain = min(cpu[0]) / min(cpu[1])
+    gain = wall_gain if cpu_gain is None else cpu_gain
     target = lab_check.threshold * workload.factor
     record("useful-token gain", gain, target=target, unit="x")
+    record("wall-clock gain", wall_gain, unit="x")
     record("factor the lengths allow", workload.factor, unit="x")
+    if cpu_gain is not None and wall_gain < 0.5 * workload.factor:
+        raise LabCheckFailed(
+            f"in CPU time your packing delivers {cpu_gain:.2f}x the useful tokens per second of padding, but on the "
+            f"wall clock only {wall_gain:.2f}x (at least half the factor, {0.5 * workload.factor:.2f}x, expected): "
+            "the work must be done in the pass that is timed, in the grading worker's own threads")
     if gain < target:
         positions = sum(schemes.pack(seqs)[0].numel() for seqs in batches) / workload.useful_tokens
         raise LabCheckFailed(

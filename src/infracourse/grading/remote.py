@@ -145,6 +145,29 @@ class Worker:
             self.proc.wait()
             self.proc = None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the worker's live processes and threads have run so far, read by the judge from the
+        kernel's per-thread accounting (/proc/PID/task/TID/schedstat, in ns): a figure the learner's code
+        cannot write, and one that other load on a shared CPU does not inflate the way it inflates a wall
+        clock. None where the kernel does not provide it (or the worker is gone)."""
+        import psutil
+
+        if self.proc is None:
+            return None
+        total = 0
+        try:
+            root = psutil.Process(self.proc.pid)
+            for process in [root, *root.children(recursive=True)]:
+                for tid in os.listdir(f"/proc/{process.pid}/task"):
+                    try:
+                        with open(f"/proc/{process.pid}/task/{tid}/schedstat") as f:
+                            total += int(f.read().split()[0])
+                    except FileNotFoundError:
+                        continue  # a thread that ended while being read
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return None
+        return total / 1e9
+
     def output_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
