@@ -3,7 +3,7 @@
     INFRACOURSE_SERVE='{"max_waiting": 32}' python -m uvicorn server:app --uds /tmp/s.sock
 
 The engine runs in its own thread, so the event loop keeps accepting and streaming while a step computes:
-requests and aborts reach it through an inbox, tokens come back to each request's asyncio queue.
+requests and aborts reach it through two inboxes, tokens come back to each request's asyncio queue.
 POST /v1/completions streams one SSE event per token; a full queue answers 429 at once; a client that goes
 away, or a request past its deadline, is aborted and its blocks freed. GET /health, GET /debug/state.
 """
@@ -27,22 +27,28 @@ from infracourse.kit.batching import SERVE_GPT, ServeConfig
 class EngineThread:
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop):
         self.engine, self.loop = engine, loop
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()   # ("add" | "abort", sequence)
+        self.arrivals: queue.SimpleQueue[Sequence] = queue.SimpleQueue()   # filled by the event loop
+        self.aborts: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
         self.streams: dict[int, asyncio.Queue] = {}
 
     def queued(self) -> int:
-        return len(self.engine.waiting) + self.inbox.qsize()
+        """Requests waiting: in the engine's queue, or handed in and not yet taken by the engine."""
+        return len(self.engine.waiting) + self.arrivals.qsize()
+
+    def take(self, inbox: queue.SimpleQueue, block: bool):
+        try:
+            return inbox.get(block=block, timeout=0.05 if block else None)
+        except queue.Empty:
+            return None
 
     def run(self) -> None:
         while True:
-            idle = not self.engine.has_work()
-            try:  # block for work when idle; otherwise take what arrived and step
-                while True:
-                    op, seq = self.inbox.get(block=idle)
-                    self.engine.add(seq) if op == "add" else self.engine.abort(seq)
-                    idle = False
-            except queue.Empty:
-                pass
+            while (seq := self.take(self.aborts, block=False)) is not None:
+                self.engine.abort(seq)
+            idle = not self.engine.has_work()  # when idle, wait (briefly, to see aborts too) for an arrival
+            while (seq := self.take(self.arrivals, block=idle)) is not None:
+                self.engine.add(seq)
+                idle = False
             for seq, token, finished in self.engine.step():
                 stream = self.streams.get(seq.id)
                 if stream is not None:
@@ -99,7 +105,7 @@ async def completions(request: Request):
     deadline = time.monotonic() + timeout
     seq = Sequence(prompt, max_tokens)
     tokens = engine.streams[seq.id] = asyncio.Queue()
-    engine.inbox.put(("add", seq))
+    engine.arrivals.put(seq)
     rid, created = f"cmpl-{seq.id}", int(time.time())
 
     def chunk(text: str, finish: str | None = None, **extra) -> str:
@@ -120,6 +126,6 @@ async def completions(request: Request):
             yield sse({"error": {"message": f"timed out after {timeout} s", "code": 504}})
         finally:  # finished, timed out, or the client went away (the stream is cancelled): free its blocks
             engine.streams.pop(seq.id, None)
-            engine.inbox.put(("abort", seq))
+            engine.aborts.put(seq)
 
     return StreamingResponse(stream(), media_type="text/event-stream")
