@@ -86,7 +86,10 @@ def replay(target, draft, prompts: Sequence[Sequence[int]], n: int, rounds) -> t
     accepted counts it finds, None) or (what it found so far, a message saying what is wrong)."""
     if not prompts or len({len(p) for p in prompts}) != 1:
         raise ValueError("replay takes one or more prompts of equal length")
-    truth = [greedy_generate(target, p, n) for p in prompts]
+    # the target's greedy tokens past n too: a run may draft beyond the n-th token in its last round and trim
+    drafts = [r[0] for r in rounds if isinstance(r, (list, tuple)) and r and type(r[0]) is int and r[0] > 0]
+    extra = min(max(drafts, default=0), target.cfg.seq_len - len(prompts[0]) - n)
+    truth = [greedy_generate(target, p, n + max(extra, 0)) for p in prompts]
     done, found = 0, []
     for j, round_ in enumerate(rounds):
         if done >= n:
@@ -94,9 +97,11 @@ def replay(target, draft, prompts: Sequence[Sequence[int]], n: int, rounds) -> t
         drafted = round_[0]
         if type(drafted) is not int or drafted < 0:
             return found, f"round {j}: drafted {drafted!r} is not a count of tokens"
+        if len(prompts[0]) + done + drafted > draft.cfg.seq_len:
+            return found, f"round {j} drafts {drafted} tokens past the model's {draft.cfg.seq_len} positions"
         common = drafted
         for p, t in zip(prompts, truth):
-            avail = min(drafted, n - done)  # the target's greedy tokens known past `done`
+            avail = min(drafted, len(t) - done)  # the target's greedy tokens known past `done`
             proposal = greedy_generate(draft, list(p) + t[:done], drafted) if drafted else []
             m = 0
             while m < avail and proposal[m] == t[done + m]:
