@@ -68,6 +68,8 @@ VARIANTS = {
     "data wait booked as compute": ("runs-observed", {BENCHMARK: replace_once(
         "data, transfer, compute = data + t1 - t0, transfer + t2 - t1, compute + t3 - t2",
         "data, transfer, compute = data, transfer + t2 - t1, compute + t3 - t2 + t1 - t0")}),
+    # class 1: resident memory written as a constant (a 'typical' figure, not this process's)
+    "memory a constant": ("resources", {BENCHMARK: replace_once("return total / 2**20", "return 50.0")}),
     # class 2: the baseline sabotaged in the learner's own FileDataset
     "sabotaged baseline": ("speedup", {LOADERS: lambda text: SLOW_PACKED(SLOW_BASELINE(text))}),
     # class 3: correct at the batch sizes checked, a cached batch at CHOSEN's (the timed one)
