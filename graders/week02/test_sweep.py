@@ -87,7 +87,7 @@ def test_step_breakdown(sweep, steady_step, record):
     record("baseline step (grader)", reference, unit="ms")
     if theirs is not None:
         record("baseline step (yours over the grader's)", theirs / reference, unit="x")
-    if theirs is not None and not reference / 3 <= theirs <= reference * 3:  # wide: a shared machine's load varies
+    if theirs is not None and not reference / 4 <= theirs <= reference * 4:  # wide: a shared machine's load varies (0.52 seen at load 6)
         raise LabCheckFailed(f"read=file batch_size=32 workers=0: your step time is {theirs:.2f} ms, the grader "
                              f"measures {reference:.2f} ms for the same configuration with the course's per-file "
                              "loader. Time whole steps on the host clock, waiting for the device before reading "
