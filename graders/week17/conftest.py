@@ -174,7 +174,7 @@ def phase_load(server: Server, seed: int) -> dict:
                 samples.append(state(server))
             except Exception:  # noqa: BLE001 - a bad answer is judged after the run, from the polls that worked
                 pass
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     poller = threading.Thread(target=sample, daemon=True)
     poller.start()
@@ -326,9 +326,9 @@ def served(learner_server, seed, device) -> Served:
 
 
 @pytest.fixture(scope="session")
-def judge_model(served):
+def judge_model():
     with intra_op_threads(1):
-        yield batching.serve_model(batching.ServeConfig(seed=served.cfg.seed))  # on the CPU, whatever serves
+        yield batching.serve_model(batching.ServeConfig(seed=batching.bench_config().seed))  # on the CPU
 
 
 @pytest.fixture(scope="session")

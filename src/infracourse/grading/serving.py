@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -68,11 +69,21 @@ class Server:
         except OSError:
             return ""
 
+    def last_error(self) -> str:
+        """The log's last line naming an exception (`ImportError: ...`), or ''."""
+        lines = [x.strip() for x in self.log_tail(20000).splitlines()
+                 if re.match(r"^[\w.]*(Error|Exception|Exit)\b", x.strip())]
+        return lines[-1] if lines else ""
+
+    def _died(self, when: str) -> str:
+        error = self.last_error()
+        return (f"your server exited {when} (code {self.proc.returncode}){': ' + error if error else ''}; the end "
+                f"of its log:\n{self.log_tail()}")
+
     def require_alive(self, what: str = "") -> None:
         """ServerFailed with the log's tail when the server has exited."""
         if not self.alive():
-            raise ServerFailed(f"your server exited (code {self.proc.returncode}){' ' + what if what else ''}; "
-                               f"the end of its log:\n{self.log_tail()}")
+            raise ServerFailed(self._died(what))
 
     def request(self, method: str, path: str, body: dict | None = None, *,
                 timeout_s: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -262,8 +273,7 @@ def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
     started = time.perf_counter()
     while True:
         if not server.alive():
-            raise ServerFailed(f"your server exited during start-up (code {server.proc.returncode}); the end of "
-                               f"its log:\n{server.log_tail()}")
+            raise ServerFailed(server._died("during start-up"))
         if os.path.exists(server.uds) and _answers(server.uds):
             server.started_s = time.perf_counter() - started
             return server
