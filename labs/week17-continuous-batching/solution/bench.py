@@ -54,7 +54,8 @@ def figures(metrics: dict, rss_mib: float) -> dict[str, float]:
         "usd_per_1k_requests": cost["usd_per_1k_requests"], "usd_per_1m_output_tokens": cost["usd_per_1m_output_tokens"],
         "kv_cache_mib": batching.kv_pool_bytes(batching.SERVE_GPT, cfg.num_blocks, cfg.block_size) / 2**20,
         "concurrency": batching.BENCH_CONCURRENCY, "max_waiting": cfg.max_waiting, "max_num_seqs": cfg.max_num_seqs,
-        "prefix_caching": 0, "device_price_usd_per_hour": batching.DEVICE_PRICE_PER_HOUR,
+        "kv_blocks": cfg.num_blocks, "kv_block_size": cfg.block_size,  # prefix caching off, the pool cold
+        "device_price_usd_per_hour": batching.DEVICE_PRICE_PER_HOUR,
     }
 
 
