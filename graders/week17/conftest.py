@@ -199,7 +199,7 @@ def phase_starvation(server: Server, seed: int) -> dict:
     return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "duration_s": duration}
 
 
-def phase_disconnect(server: Server, seed: int) -> dict:
+def phase_disconnect(server: Server, seed: int, floor_s: float) -> dict:
     before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
     prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 3)[0].prompt_ids
     max_tokens = 120
@@ -218,8 +218,10 @@ def phase_disconnect(server: Server, seed: int) -> dict:
     finally:
         stream.close()
     closed = time.perf_counter()
-    itl = (times[1] - times[0]) if len(times) == 2 else 0.0
-    window = max(0.1, 0.5 * (max_tokens - 2) * itl)  # half the time the rest of the generation needs
+    # half the least time the rest of the generation needs: a step lasts at least the runner's floor (CPU), or
+    # what this stream's second token took (GPU)
+    itl = max(floor_s, (times[1] - times[0]) if len(times) == 2 else 0.0)
+    window = max(0.1, 0.5 * (max_tokens - 2) * itl)
     after, waited = wait_idle(server, before["free_blocks"], window)
     # the server must still serve: a new request completes, correct
     spec = request_matrix([8], [6], 1, vocab_size=128, seed=seed + 4)[0]
@@ -316,8 +318,8 @@ def served(learner_server, seed, device) -> Served:
     phases: dict[str, Phase] = {}
     _run(phases, "load", server, phase_load, s)
     _run(phases, "starvation", server, phase_starvation, s)
-    _run(phases, "disconnect", server, phase_disconnect, s)
-    itl = 0.01
+    _run(phases, "disconnect", server, phase_disconnect, s, cfg.step_floor_ms / 1000)
+    itl = 0.01  # the load point's median TPOT, s: the timeout probe's deadline is well under its generation
     if not phases["load"].failure:
         itl = max(1e-4, phases["load"].data["metrics"]["tpot_ms"]["median"] / 1000)
     _run(phases, "timeout", server, phase_timeout, s, itl)
