@@ -3,7 +3,8 @@ a Unix socket), driven by the judge through phases whose evidence the checks rea
 
   load        the load point (kit.batching.bench_specs, the grade's seed: 192 requests, 32 in flight) with the
               kit's load generator, the server's /debug/state sampled meanwhile, its process's peak RSS read here
-  starvation  41 requests at once, a 100-token prompt among 8-token ones
+  starvation  every slot and block taken, then 31 requests at once into the queue, a 100-token prompt 9th
+              among 8-token ones
   disconnect  a long request's stream closed after 2 tokens: is it gone, are its blocks back, before it could
               have finished?
   timeout     a request with a deadline (timeout_s) shorter than its generation
@@ -32,7 +33,7 @@ from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
 from infracourse.kit.threads import intra_op_threads
 
 PERCENTILES = (50, 95, 99)
-STARVE_RATE, STARVE_LONG_AT = 300.0, 8  # requests/s of the starvation phase; where its long prompt is
+STARVE_SHORTS, STARVE_LONG_AT = 30, 8  # the starvation phase's short requests; where its long prompt is
 NEAR_TIE = 1e-4  # a token within this of the best logit counts as greedy (batched sums round differently)
 
 
@@ -190,13 +191,25 @@ def phase_load(server: Server, seed: int) -> dict:
             "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server)}
 
 
-def phase_starvation(server: Server, seed: int) -> dict:
-    shorts = request_matrix([8], [8], 47, vocab_size=128, seed=seed + 1)
-    long = request_matrix([100], [8], 1, vocab_size=128, seed=seed + 2)[0]
+def phase_starvation(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
+    """Fill every slot and block with long-running requests, queue short prompts and one long prompt behind
+    them, and see who is admitted first when the slots come free."""
+    fillers = request_matrix([1], [23], cfg.max_num_seqs, vocab_size=128, seed=seed + 1)  # 3 blocks each: all 48
+    shorts = request_matrix([8], [8], STARVE_SHORTS, vocab_size=128, seed=seed + 2)
+    long = request_matrix([100], [8], 1, vocab_size=128, seed=seed + 3)[0]
     specs = shorts[:STARVE_LONG_AT] + [long] + shorts[STARVE_LONG_AT:]
-    # open loop, faster than the engine retires short requests: the queue is never empty while they arrive
-    records, duration = server.load(specs, rate=STARVE_RATE, seed=seed, timeout_s=30.0)
-    return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "duration_s": duration}
+    done = {}
+    filling = threading.Thread(target=lambda: done.update(records=server.load(fillers, timeout_s=30.0)[0]),
+                               daemon=True)
+    filling.start()
+    began = time.perf_counter()
+    while state(server)["running"] < cfg.max_num_seqs and time.perf_counter() - began < 2.0:
+        time.sleep(0.005)
+    full = state(server)
+    records, duration = server.load(specs, timeout_s=30.0)  # all at once, into the queue
+    filling.join(30)
+    return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "duration_s": duration,
+            "full": full, "fillers": done.get("records")}
 
 
 def phase_disconnect(server: Server, seed: int, floor_s: float) -> dict:
@@ -317,7 +330,7 @@ def served(learner_server, seed, device) -> Served:
     server, cfg, s = learner_server, batching.bench_config(device), seed % 10_000
     phases: dict[str, Phase] = {}
     _run(phases, "load", server, phase_load, s)
-    _run(phases, "starvation", server, phase_starvation, s)
+    _run(phases, "starvation", server, phase_starvation, s, cfg)
     _run(phases, "disconnect", server, phase_disconnect, s, cfg.step_floor_ms / 1000)
     itl = 0.01  # the load point's median TPOT, s: the timeout probe's deadline is well under its generation
     if not phases["load"].failure:

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import STARVE_RATE, check_outputs, median
+from conftest import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
 from infracourse.guard import LabCheckFailed
 
 
@@ -61,8 +61,8 @@ def test_long_prompt_not_starved(served):
     s = served.phases["starvation"].get()
     records, li = s["records"], s["long_index"]
     long = records[li]
-    what = (f"48 requests arriving at {STARVE_RATE:g}/s (Poisson), 8-token prompts and 8 new tokens, the 9th "
-            "one a 100-token prompt")
+    what = (f"with every slot and block taken by {served.cfg.max_num_seqs} running requests, {STARVE_SHORTS + 1} "
+            f"more at once, 8-token prompts and 8 new tokens, number {STARVE_LONG_AT + 1} a 100-token prompt")
     if not long.success:
         raise served.failed(f"{what}: the long prompt's request failed ({long.error[:300]})")
     later = [r.send_time + r.ttft for r in records[li + 1:] if r.success]
