@@ -3,7 +3,8 @@ grading.serving), driven by the course's load generator (kit.loadgen).
 
 served-overload  Poisson arrivals at OVERLOAD x the capacity (one request at a time, MAX_TOKENS steps of at least
                  STEP_S each): some requests are refused with HTTP 429 (or 503) and nothing fails otherwise;
-                 probes sent while the queue is full are refused within REFUSE_S on the judge's clock; every
+                 probes sent while the queue is full are refused within REFUSE_S (or 5 per-token times on a loaded
+                 machine) on the judge's clock; every
                  admitted request streams the model's greedy tokens, and their P99 E2EL stays within
                  (max_queue + 1) x MAX_TOKENS x the measured per-token time x 1.5 + 0.3 s; the deepest queue the
                  server saw is at most max_queue; every block is free afterwards.
@@ -103,7 +104,8 @@ def test_served_overload(server, record, seed):
     bound = (MAX_QUEUE + 1) * MAX_TOKENS * itl * 1.5 + 0.3
     e2el = [x.e2el for _, x in admitted]
     p50, p95, p99 = (float(v) for v in np.percentile(e2el, [50, 95, 99]))
-    slow_refusals = [t for status, t in probes if status in (429, 503) and t > REFUSE_S]
+    refuse_limit = max(REFUSE_S, 5 * itl)  # a loaded machine slows every answer, the steps included
+    slow_refusals = [t for status, t in probes if status in (429, 503) and t > refuse_limit]
     stats = settle(server, lambda s: s.get("free_blocks") == s.get("num_blocks"))
     record("admitted E2EL P50", p50 * 1e3, unit="ms", seconds=p50)
     record("admitted E2EL P95", p95 * 1e3, unit="ms", seconds=p95)
@@ -117,7 +119,7 @@ def test_served_overload(server, record, seed):
             f"most {MAX_QUEUE} waiting ahead, each {MAX_TOKENS} tokens of {itl * 1e3:.1f} ms, it must stay within "
             f"{bound * 1e3:.0f} ms: refuse new requests when max_queue wait")
     require(not slow_refusals, f"{what}: a refusal took {max(slow_refusals, default=0) * 1e3:.0f} ms on the judge's "
-            f"clock (limit {REFUSE_S * 1e3:.0f} ms): refuse at once, before any work; probes (status, s): {probes}")
+            f"clock (limit {refuse_limit * 1e3:.0f} ms): refuse at once, before any work; probes (status, s): {probes}")
     require(type(stats.get("deepest_queue")) is int and stats["deepest_queue"] <= MAX_QUEUE,
             f"{what}: /stats says the queue held up to {stats.get('deepest_queue')!r} requests; the bound is {MAX_QUEUE}")
     require(stats.get("free_blocks") == stats.get("num_blocks") == NUM_BLOCKS,
