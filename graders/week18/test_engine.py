@@ -9,7 +9,7 @@ deadline  a request whose deadline passes while it waits is dropped ("expired"),
 overload  one arrival per step while a request takes MAX_TOKENS steps (MAX_TOKENS x the capacity): the queue
           (learner-reported, and counted here from what was admitted and has not started) never exceeds
           max_queue; rejections answer fast (judge's clock); every admitted request completes with the greedy
-          tokens within (max_queue + 1) x MAX_TOKENS steps of its arrival (its E2EL, in steps, P99 taken);
+          tokens within (max_queue + 1) x (MAX_TOKENS + 1) steps of its arrival (its E2EL, in steps, P99 taken);
           all blocks free at the end.
 """
 import random
@@ -144,8 +144,8 @@ def test_bounded_queue_under_overload(learner, engine_module, record, seed):
             tokens[rid].append(tok)
             if len(tokens[rid]) == MAX_TOKENS:
                 admitted[rid] = (admitted[rid], i)  # (arrival step, finishing step)
-        if i >= ARRIVALS and not out:
-            break
+        if i >= ARRIVALS and all(isinstance(span, tuple) for span in admitted.values()):
+            break  # every admitted request finished
     require(reject_s, f"{what}: nothing was rejected: at {MAX_TOKENS}x the capacity a bounded queue must refuse")
     e2el = []
     for rid, span in admitted.items():
@@ -153,7 +153,7 @@ def test_bounded_queue_under_overload(learner, engine_module, record, seed):
                 f"{what}: admitted request {rid} (arrival {span if not isinstance(span, tuple) else span[0]}) did "
                 f"not complete with its {MAX_TOKENS} greedy tokens: got {tokens[rid]}")
         e2el.append(span[1] - span[0] + 1)
-    bound = (max_queue + 1) * MAX_TOKENS
+    bound = (max_queue + 1) * (MAX_TOKENS + 1)  # + 1: an engine may spend a step between two requests
     p99 = float(np.percentile(e2el, 99))
     step_med = statistics.median(step_s)
     reject_p99, reject_med = float(np.percentile(reject_s, 99)), statistics.median(reject_s)
@@ -163,7 +163,7 @@ def test_bounded_queue_under_overload(learner, engine_module, record, seed):
     record("rejection P99", reject_p99 * 1e3, unit="ms", seconds=reject_p99)
     record("max queue depth", depth_max, target=max_queue, unit="requests")
     require(p99 <= bound, f"{what}: admitted requests' P99 E2EL is {p99:.1f} steps; with at most {max_queue} ahead "
-            f"and {MAX_TOKENS} steps each it cannot exceed {bound}")
+            f"and {MAX_TOKENS} steps each (one more to switch) it cannot exceed {bound}")
     # the median: a rejection is one call into the worker, and one call's P99 on a shared machine is noise
     require(reject_med <= max(0.005, step_med), f"{what}: a rejection took {reject_med * 1e3:.2f} ms (median), a "
             f"whole decode step {step_med * 1e3:.2f} ms: refuse at once, before any work")
