@@ -1,7 +1,7 @@
 """Week 17 proves its grader: the solution passes, the starter fails every check saying what to write, each
 wrong variant the issue names fails its own check (and only it), and an honest solution in another style
-(tests/fixtures/week17-honest: chunked prefill, an asyncio engine loop, a priority-free admission written
-differently) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
+(tests/fixtures/week17-honest: chunked prefill, an asyncio loop running each step in a worker thread,
+disconnects and deadlines polled between tokens, 503 refusals) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
 import json
 import statistics
 from pathlib import Path
