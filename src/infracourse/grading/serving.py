@@ -1,9 +1,14 @@
 """Judge side of the serving labs: the learner's HTTP server runs under uvicorn, confined like the worker.
 
-    with serve(learner.root, "server:app", scratch=tmp, env={"INFRACOURSE_SERVE": "..."}) as server:
-        status, headers, body = server.request("GET", "/health")
-        records, duration_s = server.load(specs, concurrency=8)     # kit.loadgen over the server's socket
-        server.alive(), server.log_tail()
+    with serve(learner.root, "server:app", scratch=tmp, env={"INFRACOURSE_SERVE": "..."},
+               ready_timeout_s=30, device="cpu") as server:         # Server: .uds, .base_url, .proc, .started_s
+        status, headers, body = server.request("GET", "/health")    # one plain request (JSON body optional)
+        state = server.get_json("/debug/state")                     # 200 + JSON, or ServerFailed saying why
+        records, duration_s = server.load(specs, concurrency=8)     # kit.loadgen.run_load over the socket
+        stream = server.stream({"prompt": [1, 2], "max_tokens": 9, "stream": True})   # a raw stream the judge
+        for t, event in stream.events(): ...                        #   holds: (arrival, JSON or "[DONE]");
+        stream.close()                                              #   close() hangs up mid-stream
+        server.alive(), server.log_tail(), server.last_error(), server.require_alive("during X")
 
 uvicorn is the real server (as vLLM serves), started as `python -m uvicorn MODULE:APP --uds SOCK` with the
 learner's snapshot as its import path. The sandbox has no network the judge shares (infracourse.sandbox), so
