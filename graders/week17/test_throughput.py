@@ -5,7 +5,7 @@ once more, back to back."""
 import pytest
 
 from conftest import output_throughput
-from infracourse.guard import LabCheckFailed
+from infracourse.guard import LabCheckFailed, WrongOutput
 
 CUDA_THRESHOLD = 3.0
 _attempts = []
@@ -19,6 +19,18 @@ def test_throughput_against_static_batching(served, learner_server, static_serve
         ours = load["metrics"]["output_throughput"]
     else:
         ours = output_throughput(learner_server, served.seed, "learner")
+    cfg = served.cfg
+    if cfg.step_floor_ms > 0:
+        # Every step through the course's ModelRunner lasts at least the floor and yields at most one token per
+        # running sequence: no honest schedule exceeds max_num_seqs tokens per floor. Faster means steps that
+        # skipped the runner (the floor stands in for the device the CPU is not).
+        bound = cfg.max_num_seqs / (cfg.step_floor_ms / 1000)
+        if ours > 1.1 * bound:
+            raise WrongOutput(
+                f"your server delivered {ours:.0f} output tok/s, more than any schedule through the course's "
+                f"ModelRunner allows ({cfg.max_num_seqs} sequences per step, each step at least {cfg.step_floor_ms:g} "
+                f"ms: at most {bound:.0f} tok/s). Every model step must go through runner.step(...), with no more than "
+                "max_num_seqs sequences in it")
     theirs = output_throughput(static_server, served.seed, "static")
     ratio = ours / theirs
     need = lab_check.threshold if served.device == "cpu" else CUDA_THRESHOLD
