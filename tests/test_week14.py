@@ -167,3 +167,18 @@ def test_dense_moe_accounts_for_every_assignment():
         assert sum(out["expert_rows"]) + sum(out["dropped"]) == 2 * 10 * 2
         assert max(out["expert_rows"]) <= 2 * capacity
     assert dense_moe(moe_weights(3), 2, 20)["dropped"] == [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.variant
+def test_a_restarted_rank_that_aborts_fails_after_a_second_run(grade_lab):
+    """A signal death in the restarted world is run again once (an infrastructure flake looks the same); a
+    learner's abort that happens every time still fails: a crash is never a pass."""
+    result, checks = grade_lab("week14", edits={"elastic_train.py": replace_once(
+        '    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))\n',
+        '    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))\n'
+        '    if restart:\n        os.abort()\n')})
+    assert not result.complete
+    assert checks["recovery-params"].status == "failed", checks["recovery-params"].message
+    assert "SIGABRT" in checks["recovery-params"].message, checks["recovery-params"].message
+    assert "run twice" in checks["recovery-params"].message, checks["recovery-params"].message
