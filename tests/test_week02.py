@@ -98,7 +98,7 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.mark.parametrize("style", ["week02-honest", "week02-honest-b"])
+@pytest.mark.parametrize("style", ["week02-honest", "week02-second-honest"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
     """Written from the handout alone, unlike the reference (a pid-keyed open_memmap and a range sampler with
     an integer clock; a map dropped on pickling with a Stopwatch over one loop): a grader that fails one of

@@ -102,7 +102,7 @@ async def completions(request: Request):
     timeout = body.get("timeout_s", cfg.request_timeout_s)  # a deadline of its own, or the server's
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         return error(400, "timeout_s must be a number of seconds > 0")
-    deadline = time.monotonic() + timeout
+    expires_at = time.monotonic() + timeout
     seq = Sequence(prompt, max_tokens)
     tokens = engine.streams[seq.id] = asyncio.Queue()
     engine.arrivals.put(seq)
@@ -116,7 +116,7 @@ async def completions(request: Request):
         try:
             finished, n = False, 0
             while not finished:
-                token, finished = await asyncio.wait_for(tokens.get(), deadline - time.monotonic())
+                token, finished = await asyncio.wait_for(tokens.get(), expires_at - time.monotonic())
                 n += 1
                 yield chunk(chr(token))  # vocabulary 128: one ASCII character per token
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
