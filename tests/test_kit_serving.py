@@ -290,6 +290,9 @@ def test_serve_starts_answers_and_reports_a_crash(tmp_path):
     with serve(app, "server:app", scratch=tmp_path / "s", ready_timeout_s=60) as server:
         assert server.get_json("/health") == {"ok": True} and server.alive()
     assert not server.alive()  # killed on leaving the block
+    # a scratch folder too deep for a Unix socket's path (a long TMPDIR): the socket goes to a short folder
+    with serve(app, "server:app", scratch=tmp_path / ("d" * 120), ready_timeout_s=60) as server:
+        assert len(server.uds) <= 100 and server.get_json("/health") == {"ok": True}
     with pytest.raises(ServerFailed, match="dying now"):
         with serve(app, "server:app", scratch=tmp_path / "s2", ready_timeout_s=60) as server:
             with pytest.raises(Exception):

@@ -26,6 +26,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -257,6 +258,9 @@ def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | N
     scratch = Path(scratch).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     uds = scratch / SOCKET_NAME
+    if len(str(uds)) > _MAX_SOCKET_PATH:  # a long temp folder (TMPDIR, pytest's basetemp): a short one instead
+        scratch = Path(tempfile.mkdtemp(prefix="infracourse-srv-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        uds = scratch / SOCKET_NAME
     if len(str(uds)) > _MAX_SOCKET_PATH:
         raise ValueError(f"socket path {uds} is longer than {_MAX_SOCKET_PATH} characters (a Unix socket's limit): "
                          "pass a shorter scratch folder")
