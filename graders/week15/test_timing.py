@@ -11,7 +11,6 @@ worker, give the uncached time per token; the cached decode must beat it by lab.
 call gets a fresh seeded prompt and its tokens are checked against full recomputation here; the slope between
 8 and 16 new tokens is also taken, and the slower of the two slopes is the one compared.
 """
-import time
 
 import pytest
 
@@ -21,15 +20,6 @@ from infracourse.guard import LabCheckFailed
 from infracourse.kit.generate import greedy_generate, seeded_prompts
 
 REPEATS = 5
-
-
-def _clock_of(learner, device):
-    """Every call timed runs in the worker. On a CPU its CPU seconds, which the judge reads from the kernel
-    (Worker.cpu_seconds): other load on a shared machine stretches a wall clock and the differences taken below
-    amplify that, not these. On a GPU the wall clock: the device's time is the work."""
-    if device == "cpu" and learner.worker.cpu_seconds() is not None:
-        return learner.worker.cpu_seconds
-    return time.perf_counter
 
 
 def _fastest(fn, repeats, clock):
@@ -55,7 +45,7 @@ def test_cached_decode_is_faster(kv, learner, record, lab_check, seed, device):
     if got != greedy_generate(local, warm, TIMING_NEW):
         raise LabCheckFailed(f"{what}: your tokens differ from full recomputation's; pass cached-tokens first")
 
-    clock = _clock_of(learner, device)
+    clock = learner.worker.clock(device)  # on a CPU the worker's CPU seconds: load does not stretch them
 
     def timed_learner(n):
         times = []

@@ -168,6 +168,14 @@ class Worker:
             return None
         return total / 1e9
 
+    def clock(self, device: str) -> Callable[[], float]:
+        """The clock for timing calls into this worker: on a CPU its CPU seconds (cpu_seconds), which other
+        load on a shared machine leaves nearly alone, where the kernel provides them; otherwise, and on a GPU
+        (whose time is the work), the judge's wall clock."""
+        if device == "cpu" and self.cpu_seconds() is not None:
+            return self.cpu_seconds
+        return time.perf_counter
+
     def output_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
