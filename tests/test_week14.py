@@ -181,4 +181,4 @@ def test_a_restarted_rank_that_aborts_fails_after_a_second_run(grade_lab):
     assert not result.complete
     assert checks["recovery-params"].status == "failed", checks["recovery-params"].message
     assert "SIGABRT" in checks["recovery-params"].message, checks["recovery-params"].message
-    assert "run twice" in checks["recovery-params"].message, checks["recovery-params"].message
+    assert "launched twice" in checks["recovery-params"].message, checks["recovery-params"].message

@@ -75,7 +75,6 @@ class Recovery:
     #                                                           caught_up, finished
     lines: list[dict] = field(default_factory=list)           # rank 0's step lines, in order
     note: str = ""
-    attempts: int = 1                    # 2: the first run's restarted world died by a signal and was run again
 
     def where(self) -> str:
         return f"(seed {self.seed}, rank 1 killed after rank 0 logged step {self.kill_step})"
@@ -165,19 +164,13 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
     return recovery
 
 
-# A rank of the restarted world that died by one of these signals, with no Python error of its own: seen once
-# in about 20 honest runs on a loaded 2-core machine (gloo aborting while the killed world's connections are torn
-# down), never twice in a row. The whole kill-and-restart is run once more; the second run's verdict stands.
-RUNTIME_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
-
-
 @pytest.fixture(scope="session")
 def recovery(learner, seed, tmp_path_factory) -> Recovery:
+    # a rank lost to a runtime signal with no Python error (grading.torchrun.RanksRun.died_by_signal, gloo on
+    # a loaded machine): the whole kill and restart runs once more, and the second run's verdict stands
     first = kill_and_restart(learner.root, seed, tmp_path_factory.mktemp("elastic"))
-    failure = first.run.failure() or ""
-    # no rank left a Python error (that would read "rank N raised"): torchrun reports a signal death
-    if not failure.startswith("torchrun exited") or not any(name in failure for name in RUNTIME_SIGNALS):
+    if not first.run.died_by_signal():
         return first
     second = kill_and_restart(learner.root, seed, tmp_path_factory.mktemp("elastic-again"))
-    second.attempts = 2
+    second.run.attempts = 2
     return second

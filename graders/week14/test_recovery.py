@@ -23,9 +23,7 @@ def _finished(recovery) -> list[dict]:
                              "log_dir/rank{rank}.jsonl ({\"restart\", \"step\", \"time\"}) and flush it")
     if (failure := recovery.run.failure()) is not None:
         raise LabCheckFailed(
-            f"the run killed and restarted by torchrun did not finish {recovery.where()}"
-            f"{' (run twice: the first time too, a rank died by a signal)' if recovery.attempts == 2 else ''}: "
-            f"{failure}\nThe grader "
+            f"the run killed and restarted by torchrun did not finish {recovery.where()}: {failure}\nThe grader "
             f"had left a half-written checkpoint, {recovery.planted or '(none yet)'} (shards without .metadata, as "
             "a save cut short leaves them): is it what your restart tried to load? Load only the newest "
             "checkpoint whose save completed.")

@@ -25,6 +25,7 @@ import torch
 from infracourse import sandbox
 
 RANK_FILE = "rank{rank}.pt"
+RUNTIME_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
 
 
 @dataclass
@@ -38,9 +39,18 @@ class RanksRun:
     wall_s: float               # the judge's own clock around the whole launch, start-up included
     timed_out: bool = False
     scratch: Path | None = field(default=None, repr=False)
+    attempts: int = 1           # 2: the first launch lost a rank to a runtime signal and was launched again
+
+    def died_by_signal(self) -> bool:
+        """A rank died by a runtime signal (torchrun's account: SIGABRT, SIGSEGV, SIGBUS) and no rank raised a
+        Python error. On a loaded 2-core machine gloo has aborted an honest rank this way about once in 20
+        launches; a second launch has not repeated it."""
+        return (not self.timed_out and self.returncode != 0 and not any(self.errors)
+                and any(f"({name})" in self.log for name in RUNTIME_SIGNALS))
 
     def failure(self) -> str | None:
         """A message naming what went wrong, or None when every rank returned."""
+        twice = " (launched twice: both times a rank died by a signal)" if self.attempts == 2 else ""
         if self.timed_out:
             return f"the run did not finish within its time limit; last output:\n{self.log[-1500:]}"
         for rank, error in enumerate(self.errors):
@@ -48,8 +58,10 @@ class RanksRun:
                 return f"rank {rank} raised:\n{error}"
         missing = [r for r, out in enumerate(self.outputs) if out is None]
         if self.returncode != 0 or missing:
-            return (f"torchrun exited with {self.returncode}; ranks {missing or 'all'} returned nothing; last "
-                    f"output:\n{self.log[-1500:]}")
+            native = [line for line in self.log.splitlines() if "terminate called" in line or "what():" in line]
+            return (f"torchrun exited with {self.returncode}{twice}; ranks {missing or 'all'} returned nothing; "
+                    + (f"a rank's native error: {' '.join(native[-2:])}; " if native else "")
+                    + f"last output:\n{self.log[-1500:]}")
         return None
 
 
@@ -122,12 +134,19 @@ def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s
 def run_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,
               device: str = "cpu", probe: str = "", timeout_s: float = 60.0, scratch: Path | None = None,
               max_restarts: int = 0, extra_env: dict[str, str] | None = None) -> RanksRun:
-    """Launch, wait, load: the common case of start_ranks + collect."""
+    """Launch, wait, load: the common case of start_ranks + collect. A launch that lost a rank to a runtime
+    signal with no Python error (RanksRun.died_by_signal) is launched once more, and the second run stands."""
     scratch = Path(scratch or tempfile.mkdtemp(prefix="infracourse-ranks-"))
-    started = time.perf_counter()
-    proc = start_ranks(module, function, learner_dir=learner_dir, world_size=world_size, kwargs=kwargs,
-                       device=device, probe=probe, scratch=scratch, max_restarts=max_restarts, extra_env=extra_env)
-    return collect(proc, scratch=scratch, world_size=world_size, timeout_s=timeout_s, started=started)
+    for attempt in (1, 2):
+        started = time.perf_counter()
+        proc = start_ranks(module, function, learner_dir=learner_dir, world_size=world_size, kwargs=kwargs,
+                           device=device, probe=probe, scratch=scratch, max_restarts=max_restarts,
+                           extra_env=extra_env)
+        run = collect(proc, scratch=scratch, world_size=world_size, timeout_s=timeout_s, started=started)
+        run.attempts = attempt
+        if not run.died_by_signal():
+            break
+    return run
 
 
 def rank_processes(proc: subprocess.Popen) -> dict[int, int]:
