@@ -68,7 +68,7 @@ def meta_counts(cfg: GPTConfig, precision: str, master_weights: bool) -> dict:
     """Bytes of parameters, gradients and AdamW state, measured on the meta device."""
     with torch.device("meta"):
         model = GPT(cfg).to(DTYPES[precision])
-        idx = torch.zeros(1, 8, dtype=torch.long)
+        idx = torch.zeros(1, min(8, cfg.seq_len), dtype=torch.long)  # any length the model takes
         model(idx, idx)[1].backward()
         params = list(model.parameters())  # a tied matrix is one parameter
         updated = params
