@@ -85,7 +85,7 @@ checks:
     with pytest.raises(CourseFileError) as info:
         load_lab(path)
     text = str(info.value)
-    assert "hints" in text and "needs" in text and "'cpu', 'cuda' or 'multi-gpu:N'" in text
+    assert "hints" in text and "needs" in text and "'cpu', 'cuda', 'multi-gpu:N'" in text
 
 
 def test_missing_lab_folder_is_a_clear_error(tmp_path):
@@ -101,3 +101,20 @@ def test_schema_covers_both_files():
     schema = json_schema()
     assert set(schema) == {"syllabus.yaml", "lab.yaml"}
     assert "weeks" in json.dumps(schema["syllabus.yaml"])
+
+
+def test_platform_needs_block_with_their_reason_where_nothing_answers(monkeypatch):
+    """'docker' and 'k8s' are hardware needs like a GPU: a check that needs them is blocked, saying which and why,
+    where no container engine or cluster answers (a client binary alone is not enough)."""
+    from infracourse import hardware
+
+    hw = hardware.detect()
+    detectors = hardware.kubernetes_cluster.__wrapped__, hardware.container_engine.__wrapped__  # uncached
+    monkeypatch.setattr(hardware, "container_engine", lambda: None)
+    monkeypatch.setattr(hardware, "kubernetes_cluster", lambda: None)
+    assert not hw.satisfies("docker") and "container engine" in hw.missing("docker")
+    assert not hw.satisfies("k8s") and "Kubernetes cluster" in hw.missing("k8s")
+    monkeypatch.setattr(hardware, "container_engine", lambda: "podman")
+    assert hw.satisfies("docker") and hw.missing("docker") == ""
+    monkeypatch.setattr(hardware, "_answers", lambda command, timeout_s=10: False)  # no daemon, no cluster
+    assert [detect() for detect in detectors] == [None, None]

@@ -6,6 +6,7 @@ measured once per device and cached under the user's cache folder, keyed by the 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,6 +41,10 @@ class Hardware:
             return self.gpu_count >= 1
         if need.startswith("multi-gpu:"):
             return self.gpu_count >= int(need.split(":", 1)[1])
+        if need == "docker":
+            return container_engine() is not None
+        if need == "k8s":
+            return kubernetes_cluster() is not None
         raise ValueError(f"unknown hardware need {need!r}")
 
     def missing(self, need: str) -> str:
@@ -48,6 +53,12 @@ class Hardware:
             return ""
         if need == "cuda":
             return "needs a CUDA GPU; this machine has none (tier cpu)"
+        if need == "docker":
+            return ("needs a container engine that runs (docker or podman answering `info`); this machine has "
+                    "none: to be verified where one runs")
+        if need == "k8s":
+            return ("needs a reachable Kubernetes cluster (`kubectl` with a context whose API server answers "
+                    "/readyz); this machine has none: to be verified where one runs")
         n = need.split(":", 1)[1]
         return f"needs {n} CUDA GPUs; this machine has {self.gpu_count}"
 
@@ -98,6 +109,36 @@ def toolchain_warnings(hw: "Hardware") -> list[str]:
             warnings.append(f"{name} {version} is outside the range the labs were proven with (>={low},<{high}): "
                             f"graders may fail correct kernels; pip install \"{name}>={low},<{high}\"")
     return warnings
+
+
+def _answers(command: list[str], timeout_s: float = 10) -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which(command[0]) is None:
+        return False
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout_s).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def container_engine() -> str | None:
+    """The container engine whose daemon (or rootless runtime) answers here: 'docker' or 'podman', else None.
+    An installed client with no daemon behind it cannot build an image, so it does not count."""
+    return next((engine for engine in ("docker", "podman") if _answers([engine, "info"])), None)
+
+
+@functools.lru_cache(maxsize=None)
+def kubernetes_cluster() -> str | None:
+    """The current kubectl context when its API server answers /readyz, else None."""
+    import subprocess
+
+    if not _answers(["kubectl", "get", "--raw", "/readyz"], timeout_s=15):
+        return None
+    done = subprocess.run(["kubectl", "config", "current-context"], capture_output=True, text=True)
+    return done.stdout.strip() or "default"
 
 
 def _module_version(name: str) -> str | None:

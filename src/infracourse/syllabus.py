@@ -99,7 +99,7 @@ def normalise_week(ref: str | int) -> str:
 
 
 # ---------------------------------------------------------------- lab.yaml
-Need = str  # "cpu", "cuda" or "multi-gpu:N"
+Need = str  # "cpu", "cuda", "multi-gpu:N", "docker" (a container engine) or "k8s" (a Kubernetes cluster)
 
 
 class Check(_Strict):
@@ -107,7 +107,7 @@ class Check(_Strict):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str = Field(description="One line a learner reads in the results table.")
-    needs: Need = Field(default="cpu", description="'cpu', 'cuda' or 'multi-gpu:N': hardware the check needs.")
+    needs: Need = Field(default="cpu", description="'cpu', 'cuda', 'multi-gpu:N', 'docker' or 'k8s': what the check needs.")
     kind: Literal["correctness", "performance", "report"] = "correctness"
     timeout_s: float = Field(default=120, gt=0, description="Wall-clock limit for this check alone.")
     threshold: float | None = Field(
@@ -121,8 +121,8 @@ class Check(_Strict):
     @field_validator("needs")
     @classmethod
     def _known_need(cls, value: str) -> str:
-        if value not in ("cpu", "cuda") and not re.fullmatch(r"multi-gpu:[2-9]", value):
-            raise ValueError(f"needs {value!r}: use 'cpu', 'cuda' or 'multi-gpu:N' (N from 2 to 9)")
+        if value not in ("cpu", "cuda", "docker", "k8s") and not re.fullmatch(r"multi-gpu:[2-9]", value):
+            raise ValueError(f"needs {value!r}: use 'cpu', 'cuda', 'multi-gpu:N' (N from 2 to 9), 'docker' or 'k8s'")
         return value
 
 
