@@ -50,6 +50,11 @@ VARIANTS = {
     "FIFO eviction instead of LRU": ("prefix-cache", {"paged.py": replace_once(
         "block, _ = self.evictable.popitem(last=False)",
         "block = next(b for b in self.block_hash if b in self.evictable)\n            del self.evictable[block]")}),
+    # caches whatever the switch says: serving with prefix caching off still reports hits
+    "prefix caching that ignores its switch": ("prefix-serving", {"paged.py": replace_once(
+        "self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching",
+        "self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, True")}),
+    "invented KV bytes in the report": ("report", {"report.md": invented("kv_bytes_uncached", 1.5)}),
     "attention that reads one slot past the end": ("paged-attention", {"paged.py": replace_once(
         "valid = pos[None, :] < context_lens[:, None]", "valid = pos[None, :] <= context_lens[:, None]")}),
     "invented cached-token figure in the report": ("report", {"report.md": invented("cached_tokens", 1.5)}),

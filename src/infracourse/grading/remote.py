@@ -176,6 +176,14 @@ class Worker:
             return self.cpu_seconds
         return time.perf_counter
 
+    def joint_clock(self, device: str) -> Callable[[], float]:
+        """The clock for work split between the judge and this worker (the judge computes a course model, the
+        worker the learner's pieces of it): on a CPU the judge's process CPU seconds plus the worker's, where
+        the kernel provides them; otherwise, and on a GPU, the judge's wall clock."""
+        if device == "cpu" and self.cpu_seconds() is not None:
+            return lambda: time.process_time() + (self.cpu_seconds() or 0.0)
+        return time.perf_counter
+
     def output_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
