@@ -1,0 +1,53 @@
+"""Week 19 exact resume: the judge runs an epoch of the learner's pipeline (with a prefetcher, and without),
+takes state_dict() after a seeded number of batches the loop has received, and restores it with
+load_state_dict() in a FRESH process: the resumed stream must hand out exactly the samples the interrupted one
+had not, in the same order."""
+import pytest
+
+from conftest import flat
+from infracourse.guard import LabCheckFailed
+from infracourse.kit.datapipe import PREFETCH
+
+
+@pytest.mark.check("resume-exact")
+def test_resume_yields_exactly_the_unseen_samples(harness, built, plan):
+    cases = [{"cfg": plan.cfg(prefetch=PREFETCH), "at": plan.stop_at[0]},
+             {"cfg": plan.cfg(rank=1, world_size=2, worker=1, num_workers=2), "at": plan.stop_at[1]}]
+    with harness.storage(built.root) as server:
+        saved = harness.run(server, plan.spec, {"task": "checkpoint", "manifest": built.manifest, "cases": cases},
+                            "an epoch with state_dict() taken mid-way")
+        full = {line["case"]: line for line in saved.results("case")}
+        if len(full) != len(cases):
+            raise LabCheckFailed("the interrupted epochs ended without a result")
+        resume = [{"cfg": case["cfg"], "state": full[k]["state"]} for k, case in enumerate(cases)]
+        for k, case in enumerate(resume):
+            if case["state"] is None:
+                raise LabCheckFailed(f"the epoch of {cases[k]['cfg']} ended before batch {cases[k]['at']}")
+        resumed = harness.run(server, plan.spec, {"task": "resume", "manifest": built.manifest, "cases": resume},
+                              "load_state_dict(state) in a fresh process, then the rest of the epoch")
+    again = {line["case"]: flat(line["batches"]) for line in resumed.results("case")}
+    for k, case in enumerate(cases):
+        whole = flat(full[k]["batches"])
+        seen = flat(full[k]["batches"][:case["at"]])
+        expected, got = whole[len(seen):], again.get(k, [])
+        what = (f"make_pipeline({', '.join(f'{a}={b}' for a, b in case['cfg'].items())}) interrupted after "
+                f"{case['at']} batches ({len(seen)} samples), state {str(full[k]['state'])[:120]}, resumed in a "
+                f"new process (seed {plan.seed})")
+        if got == expected:
+            continue
+        repeated = [i for i in got if i in set(seen)]
+        skipped = [i for i in expected if i not in set(got)]
+        if repeated:
+            raise LabCheckFailed(
+                f"{what}: the resumed loader handed out {len(repeated)} samples the interrupted run had already "
+                f"given the training loop (e.g. {repeated[:3]}). The state must count what the loop RECEIVED, up "
+                "to and including the last batch, and the resumed loader must start right after it")
+        if skipped:
+            raise LabCheckFailed(
+                f"{what}: {len(skipped)} samples the interrupted run had not yet handed out never came after the "
+                f"resume (e.g. {skipped[:3]}). A prefetcher's loader runs ahead of the loop: save the position of "
+                "the last batch the loop received, not the loader's own")
+        raise LabCheckFailed(f"{what}: the resumed loader gave {len(got)} samples, the rest of the epoch is "
+                             f"{len(expected)}, and their order differs (first difference at position "
+                             f"{next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)}): a restored "
+                             "loader must re-create the same shard and sample order from (seed, epoch)")
