@@ -86,6 +86,15 @@ VARIANTS = {
         "        return torch.from_numpy(self.images[indices]), torch.from_numpy(self.labels[indices])\n",
         "        images = np.stack([np.load(sample_path(self.root, i)) for i in indices])\n"
         "        return torch.from_numpy(images), torch.from_numpy(self.labels[indices])\n")}),
+    # class 4: the right batches from the map, but fetched one sample at a time and collated
+    "packed loader fetching one sample at a time": ("packed-mapped", {LOADERS: replace_once(
+        "        batches = BatchSampler(SequentialSampler(dataset), batch_size, drop_last=True)\n"
+        "        return DataLoader(dataset, sampler=batches, batch_size=None, **common)\n",
+        "        class OneAtATime(PackedDataset):\n"
+        "            def __getitem__(self, i):\n"
+        "                x, y = super().__getitem__([i])\n"
+        "                return x[0], y[0]\n"
+        "        return DataLoader(OneAtATime(root), batch_size=batch_size, drop_last=True, **common)\n")}),
 }
 
 

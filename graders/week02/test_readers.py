@@ -97,6 +97,12 @@ def test_packed_reads_a_mapped_file(loaders, root, learner, plan):
                              "holds other values: the packed method must read packed.npy")
     if not np.array_equal(first.numpy(), packed[rows(0)]):
         raise LabCheckFailed(f"{what}: batch 0 is not samples 0..{batch_size - 1} of packed.npy")
+    fetches = batches.fetches()
+    if fetches != 1:
+        raise LabCheckFailed(f"{what}: batch 0 took {fetches} calls into your dataset (__getitem__ / "
+                             f"__getitems__), one per sample: the packed method reads a whole batch at a time. "
+                             "Hand the dataset each batch's list of indices (a BatchSampler as the sampler, "
+                             "batch_size=None) so one gather from the map makes the batch")
 
     # (3) in place, then replace
     mapped = np.load(probe / "packed.npy", mmap_mode="r+")

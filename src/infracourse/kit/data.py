@@ -298,14 +298,34 @@ class StepLoop:
 class BatchProbe:
     """A loader iterated one batch at a time by the grader (built in the grading worker), so the grader can
     change the files between two batches and see which batches change: `next()` returns the next
-    (images, labels), `rest()` the remaining batches of the epoch."""
+    (images, labels), `rest()` the remaining batches of the epoch. With 0 workers (the fetches happen in this
+    process) `fetches()` says how many times the loader asked its dataset for data during the last `next()`:
+    calls of `__getitem__` or `__getitems__` on the dataset's class, one for a batch read whole."""
 
     def __init__(self, loader):
         self.loader = loader
+        self.calls = 0
+        self._count_fetches(type(loader.dataset))
         self.batches = iter(loader)
 
+    def _count_fetches(self, cls) -> None:
+        for name in ("__getitem__", "__getitems__"):
+            original = getattr(cls, name, None)
+            if original is None:
+                continue
+
+            def counted(dataset, *args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(dataset, *args, **kwargs)
+
+            setattr(cls, name, counted)
+
     def next(self):
+        self.calls = 0
         return next(self.batches)
+
+    def fetches(self) -> int:
+        return self.calls
 
     def rest(self) -> list:
         out = list(self.batches)
