@@ -1,0 +1,105 @@
+"""Week 19 proves its grader: the solution passes, the starter fails every check saying what to write, each
+wrong variant the issue names fails its own check (and only it, with the report when the check measures a
+report figure), and an honest solution in another style (tests/fixtures/week19-honest: a generator loader
+whose position is (shard, offset), contiguous shard blocks per stream, read-ahead of shards on a thread pool
+instead of a batch queue, a cache named by shard that re-checks its copy) passes."""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes
+from reportproof import invented, reworded
+
+from infracourse.kit import datapipe
+
+pytestmark = pytest.mark.slow
+
+HONEST = Path(__file__).parent / "fixtures" / "week19-honest"
+SOLUTION = Path(__file__).parent.parent / "labs" / "week19-data-pipeline" / "solution"
+FIGURE_CHECKS = {"prefetch-hides-latency", "cache-hits"}  # they measure figures the report is compared with
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week19")
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week19", source="starter", stamp=False)
+    assert not result.complete
+    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    for check in ("shards-disjoint", "resume-exact", "manifest-hash", "stream-memory", "prefetch-hides-latency",
+                  "cache-hits"):
+        assert "not written yet" in checks[check].message and "build_manifest" in checks[check].message
+    assert "python experiment.py" in checks["version-reproducible"].message
+    assert "in your own words" in checks["report"].message
+
+
+def run_json_for(shard_hash) -> str:
+    """The solution's run.json as experiment.py would write it with another shard hash (the order is the same)."""
+    shards = {}
+    for name, ids in datapipe.LAB.layout().items():
+        data = datapipe.encode_shard(datapipe.LAB, ids)
+        shards[name] = {"sha256": shard_hash(name, data), "bytes": len(data), "samples": len(ids)}
+    record = json.loads((SOLUTION / "run.json").read_text())
+    record["dataset_version"] = hashlib.sha256(
+        json.dumps(shards, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return json.dumps(record)
+
+
+SYNC_PREFETCH = """    def __iter__(self):
+        for batch in self.loader:  # no thread: each read still waits in the loop
+            self._state = self.loader.state_dict()
+            yield batch
+"""
+
+VARIANTS = {
+    "resume repeats a batch": ("resume-exact", {"loader.py": replace_once(
+        'self.position = state["samples_seen"]', 'self.position = max(0, state["samples_seen"] - self.batch_size)')}),
+    "resume skips: the prefetcher saves its loader's position": ("resume-exact", {"prefetch.py": replace_once(
+        "        return self._state\n", "        return self.loader.state_dict()\n")}),
+    "workers of a rank overlap": ("shards-disjoint", {"sharding.py": replace_once(
+        "    return order[stream::world_size * num_workers]", "    return order[rank::world_size]")}),
+    "manifest hashes the size only": ("manifest-hash", {
+        "manifest.py": replace_once("return hashlib.sha256(data).hexdigest()",
+                                    "return hashlib.sha256(str(len(data)).encode()).hexdigest()"),
+        "run.json": run_json_for(lambda name, data: hashlib.sha256(str(len(data)).encode()).hexdigest())}),
+    "manifest hashes the name only": ("manifest-hash", {
+        "manifest.py": replace_once("return hashlib.sha256(data).hexdigest()",
+                                    "return hashlib.sha256(name.encode()).hexdigest()"),
+        "run.json": run_json_for(lambda name, data: hashlib.sha256(name.encode()).hexdigest())}),
+    "prefetch is synchronous": ("prefetch-hides-latency", {"prefetch.py": lambda text: (
+        text[:text.index("    def __iter__(self):")] + SYNC_PREFETCH)}),
+    "cache never hits": ("cache-hits", {"cache.py": replace_once("if path.exists():", "if False:")}),
+    "prefetch queue without a bound": ("stream-memory", {"prefetch.py": replace_once(
+        "queue.Queue(maxsize=self.depth)", "queue.Queue()")}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check_and_only_it(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    result, checks = grade_lab("week19", edits=edits)
+    failed = {c.id for c in checks.values() if c.status != "passed"}
+    expected = {check_id} | ({"report"} if check_id in FIGURE_CHECKS else set())
+    assert failed == expected, {c: (checks[c].status, checks[c].message) for c in failed | expected}
+    assert checks[check_id].status == "failed"
+    assert not result.complete
+
+
+def test_report_in_other_words_passes(grade_lab):
+    _, checks = grade_lab("week19", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
+
+
+def test_invented_data_wait_fails_the_report(grade_lab):
+    _, checks = grade_lab("week19", edits={"report.md": invented("data_wait_sync_s", 5.0)})
+    assert checks["report"].status == "failed"
+    assert "data_wait_sync_s" in checks["report"].message
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    edits = {p.name: p.read_text() for p in HONEST.iterdir() if p.is_file()}
+    assert_solution_passes(grade_lab, machine, "week19", edits=edits)
