@@ -1,0 +1,89 @@
+"""Week 20 proves its grader: the solution passes, the starter fails every check saying what to write, each
+wrong variant the issue names fails its own check (and only it), and an honest solution in another style
+(tests/fixtures/week20-honest: a GCRA limiter, an asyncio.Queue drained by worker tasks, a middleware that
+logs and counts every answer) passes. Each grade starts the learner's service twice (the judge's phases, and
+the clean-copy run of DEPLOY.md's command)."""
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes
+
+pytestmark = pytest.mark.slow
+
+HONEST = Path(__file__).parent / "fixtures" / "week20-honest"
+SERVER_CHECKS = ("readiness", "rate-limit", "deadline", "bounded-queue", "metrics-agree", "request-logs")
+
+
+def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week20")
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week20", source="starter", stamp=False)
+    assert not result.complete
+    assert checks["image-build"].status in ("blocked", "failed")
+    assert all(c.status == "failed" for c in checks.values() if c.id != "image-build"), \
+        {c.id: (c.status, c.message) for c in checks.values()}
+    for check in ("limiter-fake-clock", *SERVER_CHECKS):
+        assert "not written yet" in checks[check].message, (check, checks[check].message)
+    assert "```sh run" in checks["local-run"].message
+    assert "Pin a version tag" in checks["dockerfile-pinned"].message
+
+
+VARIANTS = {
+    # the bucket holds one token: a client can never send its burst at once
+    "limiter that ignores burst": ("limiter-fake-clock", {"limiter.py": replace_once(
+        "        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)",
+        "        self.tokens = min(1.0, self.tokens + (now - self.stamp) * self.rate)")}),
+    # no cap: an idle client saves up tokens without bound, then floods
+    "limiter that refills unbounded": ("limiter-fake-clock", {"limiter.py": replace_once(
+        "        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)",
+        "        self.tokens = self.tokens + (now - self.stamp) * self.rate")}),
+    # a 429 that does not say when to come back: clients retry at once and hammer on
+    "429 without Retry-After": ("rate-limit", {"server.py": replace_once(
+        """        return answer(rid, client, started, 429, "rate_limited", {"error": "rate limit exceeded"},
+                      **{"Retry-After": str(max(1, math.ceil(wait)))})""",
+        """        return answer(rid, client, started, 429, "rate_limited", {"error": "rate limit exceeded"})""")}),
+    # the deadline is waited on with a second of extra patience
+    "timeout that fires late": ("deadline", {"server.py": replace_once(
+        "        left = timeout - (time.perf_counter() - started)",
+        "        left = timeout - (time.perf_counter() - started) + 1.0")}),
+    # every queue slot taken and still admitted: the queue grows without bound
+    "unbounded queue": ("bounded-queue", {"server.py": replace_once(
+        "    if metrics.queued + metrics.running >= cfg.max_concurrency + cfg.max_queue:", "    if False:")}),
+    # a rejection counted where it is decided and again where it is answered
+    "metrics counting rejections twice": ("metrics-agree", {"server.py": replace_once(
+        "    if not admitted:\n", "    if not admitted:\n        metrics.requests[\"rate_limited\"] += 1\n")}),
+    # ready as soon as the process serves, model or not
+    "readiness true before load": ("readiness", {"server.py": replace_once(
+        "    if not model.loaded:\n        return JSONResponse({\"ready\": False}, status_code=503)",
+        "    if False:\n        return JSONResponse({\"ready\": False}, status_code=503)")}),
+    # only the successes are logged: a refused or timed-out request leaves no trace to follow
+    "logs only successful requests": ("request-logs", {"server.py": replace_once(
+        "    log(event=\"request\",", "    (log if outcome == \"ok\" else (lambda **_: None))(event=\"request\",")}),
+    # run.sh reads a file that only exists on its author's machine
+    "run command needs an unlisted file": ("local-run", {
+        "run.sh": replace_once('cd "$(dirname "$0")"\n', 'cd "$(dirname "$0")"\nsource ./settings.env\n'),
+        "settings.env": "export OMP_NUM_THREADS=1\n"}),
+    # a base image that moves under you
+    "Dockerfile FROM python:latest": ("dockerfile-pinned", {"Dockerfile": replace_once(
+        "FROM python:3.11.9-slim-bookworm", "FROM python:latest")}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    result, checks = grade_lab("week20", edits=edits)
+    assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
+    others = {c.id: (c.status, c.message[:300]) for c in checks.values()
+              if c.id not in (check_id, "report", "image-build") and c.status != "passed"}
+    assert not others, others
+    assert not result.complete
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week20",
+                           edits={name: (HONEST / name).read_text() for name in ("limiter.py", "server.py")})
