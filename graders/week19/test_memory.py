@@ -1,7 +1,7 @@
 """Week 19 streaming memory: an epoch of a 96 MiB dataset (kit.datapipe.STREAM: 32 shards of 3 MiB) through the
 learner's pipeline with a prefetcher, in a process whose data segment may grow by only BUDGET over what the
-interpreter, NumPy and the learner's imports already hold, with a pause after the first batch that lets a
-prefetcher run as far ahead as it is allowed to.
+interpreter, NumPy and the learner's imports already hold, with a pause after the first batch (and a short
+step after each other) that lets a prefetcher run as far ahead as it is allowed to.
 
 Why RLIMIT_DATA and not RLIMIT_AS: glibc reserves 64 MiB of address space for each new thread's malloc arena
 and 8 MiB for its stack, so one prefetch thread adds about 73 MiB of address space (measured: VmSize 138 ->
@@ -15,7 +15,8 @@ from infracourse.kit import datapipe
 from infracourse.kit.datapipe import PREFETCH, STREAM
 
 BUDGET = 48 * 2 ** 20
-PAUSE_S = 1.0
+PAUSE_S = 1.5  # after the first batch
+STEP_S = 0.005  # after each other batch
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,8 @@ def test_streaming_stays_under_the_cap(harness, stream_built, record):
             f"{BUDGET >> 20} MiB of data above the process's start")
     with harness.storage(stream_built.root) as server:
         run = harness.run(server, STREAM, {"task": "stream", "manifest": stream_built.manifest, "cfg": cfg,
-                                           "budget_bytes": BUDGET, "pause_s": PAUSE_S}, what, timeout_s=60)
+                                           "budget_bytes": BUDGET, "pause_s": PAUSE_S,
+                                           "step_s": STEP_S}, what, timeout_s=60)
     line = (run.results("samples") or [{}])[0]
     if line.get("memory_error"):
         raise LabCheckFailed(

@@ -1,5 +1,6 @@
 """Week 19 exact resume: the judge runs an epoch of the learner's pipeline (with a prefetcher, and without),
-takes state_dict() after a seeded number of batches the loop has received, and restores it with
+takes state_dict() after a seeded number of batches the loop has received (and a training step's pause, in
+which a prefetcher fills its queue), and restores it with
 load_state_dict() in a FRESH process: the resumed stream must hand out exactly the samples the interrupted one
 had not, in the same order."""
 import pytest
@@ -8,13 +9,16 @@ from conftest import flat
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH
 
+STEP_S = 0.3  # the training step between receiving batch k and saving: a prefetcher runs ahead meanwhile
+
 
 @pytest.mark.check("resume-exact")
 def test_resume_yields_exactly_the_unseen_samples(harness, built, plan):
     cases = [{"cfg": plan.cfg(prefetch=PREFETCH), "at": plan.stop_at[0]},
              {"cfg": plan.cfg(rank=1, world_size=2, worker=1, num_workers=2), "at": plan.stop_at[1]}]
     with harness.storage(built.root) as server:
-        saved = harness.run(server, plan.spec, {"task": "checkpoint", "manifest": built.manifest, "cases": cases},
+        saved = harness.run(server, plan.spec, {"task": "checkpoint", "manifest": built.manifest, "cases": cases,
+                                                  "step_s": STEP_S},
                             "an epoch with state_dict() taken mid-way")
         full = {line["case"]: line for line in saved.results("case")}
         if len(full) != len(cases):

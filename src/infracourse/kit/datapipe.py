@@ -367,6 +367,7 @@ def _task_checkpoint(task, spec):
 
         def take(done, pipe=pipe, at=case["at"]):
             if done == at:  # the loop has consumed `at` batches: the position a checkpoint saves
+                time.sleep(task["step_s"])  # a training step first: a prefetcher fills its queue meanwhile
                 state["state"] = json.loads(json.dumps(pipe.state_dict()))
 
         batches = _epoch(pipe, spec, on_batch=take)
@@ -410,7 +411,8 @@ def _vm(key: str) -> int:
 
 def _task_stream(task, spec):
     """One epoch under a memory cap: RLIMIT_DATA at this process's data size now (interpreter, NumPy, the
-    learner's imports) plus `budget_bytes`. A pause after the first batch lets a prefetcher run ahead."""
+    learner's imports) plus `budget_bytes`. A pause after the first batch, and a short step after each other
+    one, let a prefetcher run as far ahead as it is allowed to."""
     import resource
 
     import manifest  # noqa: F401 - the learner's imports count in the baseline, not in the budget
@@ -425,8 +427,7 @@ def _task_stream(task, spec):
             ids = _check_batch(batch, spec, 16)
             count += len(ids)
             digest.update(np.asarray(ids, "<i8").tobytes())
-            if count == len(ids):
-                time.sleep(task["pause_s"])
+            time.sleep(task["pause_s"] if count == len(ids) else task["step_s"])
     except MemoryError:
         del reserve
         _emit(memory_error=True, samples=count, base_bytes=base)
