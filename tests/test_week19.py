@@ -70,6 +70,8 @@ VARIANTS = {
         "manifest.py": replace_once("return hashlib.sha256(data).hexdigest()",
                                     "return hashlib.sha256(name.encode()).hexdigest()"),
         "run.json": run_json_for(lambda name, data: hashlib.sha256(name.encode()).hexdigest())}),
+    "loader never checks a shard against the manifest": ("manifest-hash", {"loader.py": replace_once(
+        "decode_shard(verify(self.manifest, name, self.read(name)))", "decode_shard(self.read(name))")}),
     "prefetch is synchronous": ("prefetch-hides-latency", {"prefetch.py": lambda text: (
         text[:text.index("    def __iter__(self):")] + SYNC_PREFETCH)}),
     "cache never hits": ("cache-hits", {"cache.py": replace_once("if path.exists():", "if False:")}),

@@ -34,8 +34,8 @@ def test_changed_shard_is_detected(harness, built, plan):
             raise LabCheckFailed(f"{what}: changed_shards(storage, old_manifest) returned {changed}; expected "
                                  f"[{plan.corrupt!r}]")
         streams = [plan.cfg(), plan.cfg(prefetch=PREFETCH)]
-        run = harness.run(server, plan.spec, {"task": "ids", "manifest": built.manifest, "streams": streams},
-                          "an epoch over the changed shard", timeout_s=30)
+        run = harness.run(server, plan.spec, {"task": "ids", "manifest": built.manifest, "streams": streams,
+                                                   "payload_every": 0}, "an epoch over the changed shard", timeout_s=30)
     for line in run.results("stream"):
         if line.get("shard_changed") != plan.corrupt:
             raise LabCheckFailed(

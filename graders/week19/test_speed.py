@@ -5,7 +5,6 @@ start and end lines arrived here), and every read is counted at the judge's stor
 import pytest
 
 from infracourse.guard import LabCheckFailed
-from infracourse.kit import datapipe
 from infracourse.kit.datapipe import BATCH_SIZE, COMPUTE_S, LAB, LATENCY_S, PREFETCH
 
 HIDDEN_FRACTION = 0.5  # of the epoch's read latency, prefetch must take off the course's synchronous loader
@@ -53,10 +52,10 @@ def test_cache_avoids_second_reads(harness, lab_built, record):
     cfg = dict(batch_size=BATCH_SIZE, seed=0, cache_dir=cache)
     with harness.storage(lab_built.root, LATENCY_S) as server:
         timed(harness, server, {"manifest": lab_built.manifest, "cfg": cfg, "compute_s": 0.0},
-              f"make_pipeline(cache_dir=...) epoch 0")
+              "make_pipeline(cache_dir=...) epoch 0")
         first = server.take_reads()
         _, wait = timed(harness, server, {"manifest": lab_built.manifest, "cfg": dict(cfg, epoch=1),
-                                          "compute_s": 0.0}, f"make_pipeline(cache_dir=..., epoch=1), a new process")
+                                          "compute_s": 0.0}, "make_pipeline(cache_dir=..., epoch=1), a new process")
         second = server.take_reads()
     record("storage reads second epoch", sum(second.values()))
     record("data wait second epoch cached", wait, unit="s")
