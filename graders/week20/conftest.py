@@ -158,7 +158,12 @@ def served(learner, seed, tmp_path_factory) -> Served:
                 phases[name] = Phase(failure=failure)
             return Served(s, JUDGE_CFG, phases, ledger, server.log_tail(200000))
         _run(phases, "readiness", server, phase_readiness, s, ledger)
-        if phases["readiness"].failure:  # wait for the model anyway (the other phases need it), within reason
+        polls = phases["readiness"].data.get("polls") or [(0.0, 200)]
+        if phases["readiness"].failure or polls[0][1] == 200:
+            # /ready may be what is wrong: wait for the model anyway (the other phases need it), within reason;
+            # the load began about when the server first answered
+            loaded_by = began + server.started_s + LOAD_DELAY_S + 3.0
+            time.sleep(max(0.0, loaded_by - time.perf_counter()))
             deadline = began + LOAD_DELAY_S + 10
             while time.perf_counter() < deadline and server.alive():
                 if sk.call(server.uds, "GET", "/ready", timeout_s=2).status == 200:

@@ -7,7 +7,7 @@ import pytest
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import service_kit as sk
 
-P99_FACTOR, P99_SLACK_S = 3.0, 0.3   # loaded P99 <= max(3 x baseline, baseline + 0.3 s): a loaded CI machine's margin
+P99_FACTOR, P99_SLACK_S = 3.0, 0.5   # loaded P99 <= max(3 x baseline, baseline + 0.5 s): a loaded CI machine's margin
 DEADLINE_EPS_S = 0.6                 # answered by deadline + 0.6 s
 REFUSAL_S = 1.0                      # a refusal within 1 s of its send
 OVERLAP_SLACK = 2                    # requests answered while the judge had not yet read an earlier answer
