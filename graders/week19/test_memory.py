@@ -10,6 +10,7 @@ not holding data; RLIMIT_DATA counts private writable memory (the heap and anony
 shard bytes and batches live; Linux 4.7+), and MALLOC_ARENA_MAX=2 keeps the reservations few."""
 import pytest
 
+from conftest import Built, check_manifest
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH, STREAM
 
@@ -20,8 +21,6 @@ STEP_S = 0.005  # after each other batch
 
 @pytest.fixture(scope="session")
 def stream_built(harness):
-    from conftest import Built, check_manifest
-
     root = harness.copy(STREAM, "stream")
     with harness.storage(root) as server:
         run = harness.run(server, STREAM, {"task": "manifest"}, "build_manifest on the 96 MiB dataset")

@@ -13,7 +13,8 @@ its clock, its latency and its count of reads are the judge's, and the files beh
 otherwise. A sleep is not slowed by a loaded CPU, so the latency holds on a busy machine.
 
 The driver (`python -m infracourse.kit.datapipe TASK.json`, started by the judge in the sandbox) imports the
-learner's pipeline, runs one task on it and prints one line per result, prefixed with `@@datapipe `.
+learner's pipeline, runs one task on it and writes one line per result, prefixed with `@@datapipe `, to its
+stdout; the learner's own prints go to stderr. A line is evidence the judge checks, never a verdict.
 """
 from __future__ import annotations
 
@@ -307,8 +308,11 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
     return DriverRun(lines, None if killed.is_set() else proc.returncode, "".join(errors))
 
 
+_results = sys.stdout  # main() points it at a private copy of stdout, away from the learner's prints
+
+
 def _emit(**line) -> None:
-    print(MARK + json.dumps(line), flush=True)
+    print(MARK + json.dumps(line), file=_results, flush=True)
 
 
 def _check_batch(batch, spec: DatasetSpec, every: int) -> list[int]:
@@ -331,7 +335,7 @@ def _pipe(task: dict, cfg: dict):
     return pipeline.make_pipeline(Storage(task["socket"]), task["manifest"], **cfg)
 
 
-def _epoch(pipe, spec, every=1, stop_after=None, on_batch=None) -> list[list[int]]:
+def _epoch(pipe, spec, every=1, on_batch=None) -> list[list[int]]:
     batches = []
     for batch in pipe:
         batches.append(_check_batch(batch, spec, every))
@@ -441,6 +445,10 @@ _TASKS = {"manifest": _task_manifest, "ids": _task_ids, "checkpoint": _task_chec
 
 
 def main(path: str) -> int:
+    global _results
+    # results go to a duplicate of stdout; the learner's prints (fd 1) go to stderr with its errors
+    _results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     task = json.loads(Path(path).read_text())
     sys.path.insert(0, task["learner"])
     spec = DatasetSpec(**task["spec"])
