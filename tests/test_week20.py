@@ -9,6 +9,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +73,8 @@ VARIANTS = {
     "run command needs an unlisted file": ("local-run", {
         "run.sh": replace_once('cd "$(dirname "$0")"\n', 'cd "$(dirname "$0")"\nsource ./settings.env\n'),
         "settings.env": "export OMP_NUM_THREADS=1\n"}),
+    # a figure the grade did not measure: 10x the 429s that were answered
+    "invented 429 count in the report": ("report", {"report.md": invented("rate_limited_429s", 10.0)}),
     # a base image that moves under you
     "Dockerfile FROM python:latest": ("dockerfile-pinned", {"Dockerfile": replace_once(
         "FROM python:3.11.9-slim-bookworm", "FROM python:latest")}),
@@ -89,6 +92,11 @@ def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
               if c.id not in (*check_ids, "report", "image-build") and c.status != "passed"}
     assert not others, others
     assert not result.complete
+
+
+def test_report_in_other_words_passes(grade_lab):
+    _, checks = grade_lab("week20", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message
 
 
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
