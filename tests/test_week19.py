@@ -1,8 +1,10 @@
 """Week 19 proves its grader: the solution passes, the starter fails every check saying what to write, each
 wrong variant the issue names fails its own check (and only it, with the report when the check measures a
-report figure), and an honest solution in another style (tests/fixtures/week19-honest: a generator loader
+report figure), and honest solutions in other styles pass: tests/fixtures/week19-honest (a generator loader
 whose position is (shard, offset), contiguous shard blocks per stream, read-ahead of shards on a thread pool
-instead of a batch queue, a cache named by shard that re-checks its copy) passes."""
+instead of a batch queue, a cache named by shard that re-checks its copy) and tests/fixtures/week19-b-honest
+(a class-based iterator with __next__, streams numbered worker-major, a Condition-guarded deque as the
+prefetch queue, a cache written with exclusive create and rename)."""
 import hashlib
 import json
 from pathlib import Path
@@ -17,7 +19,7 @@ from infracourse.kit import datapipe
 
 pytestmark = pytest.mark.slow
 
-HONEST = Path(__file__).parent / "fixtures" / "week19-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTION = Path(__file__).parent.parent / "labs" / "week19-data-pipeline" / "solution"
 FIGURE_CHECKS = {"prefetch-hides-latency", "cache-hits"}  # they measure figures the report is compared with
 
@@ -102,6 +104,7 @@ def test_invented_data_wait_fails_the_report(grade_lab):
     assert "data_wait_sync_s" in checks["report"].message
 
 
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
-    edits = {p.name: p.read_text() for p in HONEST.iterdir() if p.is_file()}
+@pytest.mark.parametrize("folder", ["week19-honest", "week19-b-honest"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
+    edits = {p.name: p.read_text() for p in (FIXTURES / folder).iterdir() if p.is_file()}
     assert_solution_passes(grade_lab, machine, "week19", edits=edits)
