@@ -449,7 +449,9 @@ def main(argv=None) -> None:
     burst = burst_phase(target, cfg, args.seed)
     metrics = call(target, "GET", "/metrics")
     print("```yaml figures")
-    for k, v in summary(rate, deadline, burst).items():
+    figures = {**summary(rate, deadline, burst), "rate_per_s": cfg.rate, "burst": cfg.burst,
+               "max_queue": cfg.max_queue, "max_concurrency": cfg.max_concurrency}
+    for k, v in figures.items():
         print(f"{k}: {v:.6g}")
     print("```")
     print("\n/metrics after the load:\n" + metrics.body.decode("utf-8", "replace"))
