@@ -21,6 +21,11 @@ def test_changed_shard_is_detected(harness, built, plan):
                           "build_manifest and changed_shards on a changed dataset")
         new = check_manifest(run.results("manifest")[0]["manifest"], plan.spec, root, "build_manifest")
         differ = sorted(n for n in new["shards"] if new["shards"][n] != built.manifest["shards"][n])
+        if len(differ) > 1:
+            raise LabCheckFailed(
+                f"{what}: the entries of {len(differ) - (plan.corrupt in differ)} unchanged shards differ between "
+                f"this copy of the dataset and the first one (e.g. {[n for n in differ if n != plan.corrupt][:2]}): "
+                "an entry must depend only on the shard's bytes, never on its folder or when it was written")
         if differ != [plan.corrupt]:
             raise LabCheckFailed(
                 f"{what}: the manifest entries that changed are {differ or 'none'}; expected exactly "
