@@ -14,6 +14,7 @@ from reportproof import invented, reworded
 pytestmark = pytest.mark.slow
 
 HONEST = Path(__file__).parent / "fixtures" / "week20-honest"
+SOLUTION = Path(__file__).parent.parent / "labs" / "week20-service-limits" / "solution"
 SERVER_CHECKS = ("readiness", "rate-limit", "deadline", "bounded-queue", "metrics-agree", "request-logs")
 
 
@@ -102,3 +103,37 @@ def test_report_in_other_words_passes(grade_lab):
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week20",
                            edits={name: (HONEST / name).read_text() for name in ("limiter.py", "server.py")})
+
+
+def test_kit_reads_prometheus_text_and_counts_overlaps():
+    from infracourse.kit import service_kit as sk
+
+    text = ('# HELP x y\n# TYPE service_requests_total counter\nservice_requests_total{outcome="ok"} 3\n'
+            'service_requests_total{outcome="rate_limited",path="/v1/c\\"x"} 2 1700000000\n'
+            'h_bucket{le="+Inf"} 5\nh_count 5\n\nservice_queue_depth 0\n')
+    samples = sk.parse_metrics(text)
+    assert samples[("service_requests_total", (("outcome", "ok"),))] == 3
+    assert samples[("service_requests_total", (("outcome", "rate_limited"), ("path", '/v1/c"x')))] == 2
+    assert samples[("h_bucket", (("le", "+Inf"),))] == 5 and samples[("service_queue_depth", ())] == 0
+    with pytest.raises(ValueError):
+        sk.parse_metrics("service_requests_total{outcome=ok} 3\n")
+    with pytest.raises(ValueError):
+        sk.parse_metrics("<html>not metrics</html>\n")
+    assert sk.max_overlap([(0, 2), (1, 3), (2, 4), (5, 6)]) == 2  # one ends as the next starts: not both open
+    assert sk.max_overlap([(0, 5), (1, 2), (1.5, 3)]) == 3
+    assert sk.Answer("/v1/completions", "c", status=503, phase="readiness").outcome == "not_ready"
+    assert sk.Answer("/v1/completions", "c", status=503, phase="burst").outcome == "rejected"
+    assert sk.Answer("/v1/completions", "c", status=0).outcome == "error"
+
+
+def test_kit_probe_drives_a_bucket_on_the_fake_clock():
+    import importlib.util
+
+    from infracourse.kit import service_kit as sk
+
+    spec = importlib.util.spec_from_file_location("w20_limiter", SOLUTION / "limiter.py")
+    limiter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(limiter)
+    got = sk.probe_bucket(limiter.TokenBucket, 4.0, 3, [(0.0, 5), (0.25, 2), (0.0, 0, "retry"), (0.0, 1), (10.0, 9)])
+    assert [g["admitted"] for g in got] == [3, 1, 0, 1, 3]
+    assert got[1]["retry_after"] == pytest.approx(0.25) and got[2]["t"] == pytest.approx(0.5 + 1e-9)
