@@ -1,0 +1,312 @@
+"""Week 21: the learner's gateway (`gateway:app`, uvicorn in the sandbox on a Unix socket, started once per
+grade by infracourse.grading.serving) supervises the course's model service (kit.platform_service) and is driven
+by the judge through phases whose evidence the checks read:
+
+  recovery   a stream of requests, half of them with prompts the service's drop fault touches (their work is
+             done and journaled, their answer lost); under it the judge SIGKILLs the service process (not the
+             gateway) and clocks, on its own clock, the time until a new service process answers /health
+  capacity   the learner's claimed capacity (capacity.json, written by sweep.py) run again by the judge at 0.9x
+             and at 1.15x that rate with the course's capacity workload
+  deploy     POST /admin/deploy {"version": "v2"} under light load: v2 is bad (the judge's fault: errors or a
+             per-step latency regression, by the seed); the judge samples the process tree meanwhile, then asks
+             which version answers
+
+What the gateway says about itself is not evidence: the judge reads the service's execution journal (course
+code, kit.platform_service), the process tree (psutil: each service process's version from its environment),
+the version stamped in the chunks the service streams, and its own load generator's records.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from infracourse.grading.serving import Server, serve
+from infracourse.guard import LabCheckFailed
+from infracourse.kit import batching
+from infracourse.kit import platform_service as ps
+from infracourse.kit.loadgen import compute_metrics, request_matrix
+from infracourse.kit.threads import intra_op_threads
+
+RECOVERY_REQUESTS, RECOVERY_RATE, KILL_AT_S = 48, 8.0, 1.5
+RESTART_WINDOW_S = 60.0          # the judge stops waiting for a new service process after this
+CAPACITY_SECONDS = 8.0           # each capacity rerun lasts about this long
+CAPACITY_BELOW, CAPACITY_ABOVE = 0.9, 1.15
+DEPLOY_REQUESTS, DEPLOY_RATE = 30, 4.0
+ROLLBACK_WINDOW_S = 40.0         # after the deploy load, how long the judge waits for v2 to be gone
+V2_FAULTS = ({"error_rate": 0.6}, {"extra_step_ms": 75.0})   # errors, or each step 3x slower (25 ms floor)
+DROP_RATE = 0.5
+NEAR_TIE = 1e-4
+
+
+@dataclass
+class Phase:
+    failure: str | None = None
+    data: dict = field(default_factory=dict)
+
+    def get(self) -> dict:
+        if self.failure:
+            raise LabCheckFailed(self.failure)
+        return self.data
+
+
+@dataclass
+class Graded:
+    seed: int
+    device: str
+    journal: Path
+    v2_fault: dict
+    phases: dict[str, Phase]
+
+
+def teach(server: Server, what: str) -> str:
+    log = server.log_tail(20000)
+    todo = list(dict.fromkeys(x.strip() for x in log.splitlines() if x.startswith("NotImplementedError")))
+    if todo:
+        return f"{what}. Your gateway raised {'; '.join(todo[-3:])}: not written yet (see the handout)"
+    errors = re.findall(r"^\w*(?:Error|Exception)\b.*$", log, re.MULTILINE)
+    errors = [e for e in errors if "fault injected" not in e]
+    return f"{what}. Your gateway's log ends with: {errors[-1]}" if errors else what
+
+
+def services(server: Server) -> list[dict]:
+    """The course service processes in the gateway's tree: pid, version (from the process's environment), the
+    socket it serves, its start time."""
+    out = []
+    try:
+        tree = psutil.Process(server.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return out
+    for p in tree:
+        try:
+            cmd = p.cmdline()
+            if p.status() == psutil.STATUS_ZOMBIE or not any("platform_service" in a for a in cmd):
+                continue
+            uds = cmd[cmd.index("--uds") + 1] if "--uds" in cmd else ""
+            out.append({"pid": p.pid, "version": p.environ().get(ps.VERSION_ENV) or "v1", "uds": uds,
+                        "created": p.create_time()})
+        except (psutil.Error, ValueError, IndexError):
+            continue
+    return out
+
+
+def journal_events(path: Path) -> list[dict]:
+    events = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return events
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
+@torch.no_grad()
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids]))[0, -1].float().argmax()))
+    return ids[len(prompt):]
+
+
+@torch.no_grad()
+def first_non_greedy(model, prompt: list[int], tokens: list[int]) -> int | None:
+    if not tokens or any(not 0 <= t < 128 for t in tokens):
+        return 0
+    logits = model(torch.tensor([prompt + tokens[:-1]]))[0, len(prompt) - 1:].float()
+    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    bad = (chosen < logits.max(-1).values - NEAR_TIE).nonzero()
+    return int(bad[0]) if len(bad) else None
+
+
+def check_outputs(model, specs, records, what: str) -> None:
+    for i, (spec, rec) in enumerate(zip(specs, records)):
+        if not rec.success:
+            continue
+        tokens = [ord(c) for c in rec.text]
+        if len(tokens) != spec.max_tokens:
+            raise LabCheckFailed(
+                f"{what}: request {i} streamed {len(tokens)} token(s), it asked for {spec.max_tokens}. A retry must "
+                "deliver only the tokens the broken attempt had not delivered: count what reached the client and "
+                "skip as many at the start of the retried stream")
+        bad = first_non_greedy(model, spec.prompt_ids, tokens)
+        if bad is not None:
+            raise LabCheckFailed(f"{what}: request {i}'s token {bad} is {tokens[bad]}, not the service's greedy "
+                                 "token: a retried stream spliced at the wrong place, or tokens of another request")
+
+
+# --- the phases --------------------------------------------------------------------------------------------------
+
+def phase_recovery(server: Server, seed: int, journal: Path) -> dict:
+    specs = request_matrix([8], [12], RECOVERY_REQUESTS, vocab_size=128, seed=seed + 11)
+    for i, spec in enumerate(specs):  # half of them meet the drop fault (its seeded share of keys)
+        spec.prompt_ids[0] = ps.DROP_MARK if i % 2 == 0 else spec.prompt_ids[0] % ps.DROP_MARK
+    before = services(server)
+    if not before:
+        raise LabCheckFailed("no course service process (python -m uvicorn infracourse.kit.platform_service:app) "
+                             "runs under your gateway: start it with kit.platform_service.service_command(uds) "
+                             "as a child process and pass the environment through")
+    victim = before[0]
+    kill: dict = {}
+
+    def killer():
+        time.sleep(KILL_AT_S)
+        try:
+            psutil.Process(victim["pid"]).kill()
+        except psutil.Error as exc:
+            kill["error"] = str(exc)
+            return
+        killed = time.perf_counter()
+        kill["killed"] = killed
+        while time.perf_counter() - killed < RESTART_WINDOW_S:
+            fresh = [s for s in services(server) if s["pid"] != victim["pid"] and s["version"] == victim["version"]]
+            for s in fresh:
+                if s["uds"] and asyncio.run(ps.probe(s["uds"], "/health"))[0] == 200:
+                    kill["ready_s"] = time.perf_counter() - killed
+                    kill["new"] = s
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0)
+    thread.join(RESTART_WINDOW_S + 5)
+    server.require_alive("during the recovery phase (the judge killed the service process, not your gateway)")
+    return {"specs": specs, "records": records, "duration_s": duration, "kill": kill, "victim": victim,
+            "journal": journal_events(journal)}
+
+
+def read_capacity(learner) -> float:
+    path = learner.path("capacity.json")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LabCheckFailed("capacity.json is missing: run `python sweep.py`, which serves your gateway, sweeps "
+                             "arrival rates of the capacity workload and writes the highest rate that keeps 99 % "
+                             "of requests within the SLO") from None
+    except ValueError as exc:
+        raise LabCheckFailed(f"capacity.json is not JSON: {exc}") from None
+    rate = data.get("capacity_requests_per_s") if isinstance(data, dict) else None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1000:
+        raise LabCheckFailed(f"capacity.json must hold capacity_requests_per_s, a rate > 0 in requests per second; "
+                             f"got {rate!r}")
+    return float(rate)
+
+
+def capacity_run(server: Server, rate: float, seed: int) -> dict:
+    n = max(20, round(rate * CAPACITY_SECONDS))
+    specs = ps.capacity_specs(n, seed=seed)
+    records, duration = server.load(specs, rate=rate, burstiness=ps.CAPACITY_BURSTINESS, seed=seed, timeout_s=90.0)
+    m = compute_metrics(records, duration, percentiles=(50, 99), goodput_slo_ms=ps.CAPACITY_SLO_MS)
+    good = round(m["request_goodput"] * duration)
+    return {"rate": rate, "n": n, "metrics": m, "good_fraction": good / n, "records": records, "specs": specs}
+
+
+def phase_capacity(server: Server, seed: int, claimed: float) -> dict:
+    below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
+    above = capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)
+    return {"claimed": claimed, "below": below, "above": above}
+
+
+def phase_deploy(server: Server, seed: int) -> dict:
+    specs = request_matrix([8], [12], DEPLOY_REQUESTS, vocab_size=128, seed=seed + 31)
+    for spec in specs:
+        spec.prompt_ids[0] %= ps.DROP_MARK
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            samples.append((time.perf_counter(), services(server)))
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=sample, daemon=True)
+    poller.start()
+    try:
+        status, _, answer = server.request("POST", "/admin/deploy", {"version": "v2"}, timeout_s=30.0)
+        if status >= 300:
+            raise LabCheckFailed(f"POST /admin/deploy {{\"version\": \"v2\"}} answered HTTP {status} ({answer[:200]!r}); "
+                                 "expected 2xx and a rollout that starts the new version")
+        records, duration = server.load(specs, rate=DEPLOY_RATE, seed=seed, timeout_s=90.0)
+        began = time.perf_counter()
+        while time.perf_counter() - began < ROLLBACK_WINDOW_S:
+            if not any(s["version"] == "v2" for s in services(server)):
+                break
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        poller.join()
+    after = services(server)
+    probes = []
+    for i in range(3):
+        stream = server.stream({"model": "kit-gpt", "prompt": [5 + i, 6, 7, 8], "max_tokens": 3, "stream": True},
+                               timeout_s=30.0)
+        try:
+            versions = [e.get("system_fingerprint") for _, e in stream.events() if isinstance(e, dict)]
+        finally:
+            stream.close()
+        probes.append({"status": stream.status, "versions": versions})
+    return {"specs": specs, "records": records, "duration_s": duration, "samples": samples, "after": after,
+            "probes": probes, "v2_seen": any(s["version"] == "v2" for _, ss in samples for s in ss)}
+
+
+def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
+    try:
+        phases[name] = Phase(data=fn(server, *args))
+    except LabCheckFailed as exc:
+        phases[name] = Phase(failure=teach(server, str(exc)))
+    except Exception as exc:  # noqa: BLE001 - a phase the gateway broke: its checks fail, the others still run
+        dead = "" if server.alive() else " (your gateway has exited)"
+        phases[name] = Phase(failure=teach(server, f"the judge's {name} phase could not complete{dead}: "
+                                                   f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.fixture(scope="session")
+def graded(learner, device, seed, tmp_path_factory) -> Graded:
+    s = seed % 10_000
+    scratch = tmp_path_factory.mktemp("gw")
+    journal = scratch / "journal.jsonl"
+    v2_fault = V2_FAULTS[s % len(V2_FAULTS)]
+    platform = {"journal": str(journal), "seed": s, "faults": {"drop_rate": DROP_RATE}, "versions": {"v2": v2_fault}}
+    env = {**ps.platform_config(device).to_env(), ps.PLATFORM_ENV: json.dumps(platform)}
+    phases: dict[str, Phase] = {}
+    try:
+        with serve(learner.root, "gateway:app", scratch=scratch, env=env, ready_timeout_s=90, device=device) as server:
+            journal = Path(server.uds).parent / "journal.jsonl"  # a short scratch folder may have replaced ours
+            if journal != scratch / "journal.jsonl":
+                raise LabCheckFailed("the grade's scratch folder path is too long for a Unix socket here; set a "
+                                     "shorter TMPDIR")
+            _run(phases, "recovery", server, phase_recovery, s, journal)
+            try:
+                claimed = read_capacity(learner)
+            except LabCheckFailed as exc:
+                phases["capacity"] = Phase(failure=str(exc))
+            else:
+                _run(phases, "capacity", server, phase_capacity, s, claimed)
+            _run(phases, "deploy", server, phase_deploy, s)
+    except LabCheckFailed as exc:
+        message = str(exc)
+        todo = list(dict.fromkeys(re.findall(r"^NotImplementedError: .*$", message, re.MULTILINE)))
+        if todo:
+            message = (f"your gateway did not start: it raised {'; '.join(todo[-3:])}: not written yet (see the "
+                       "handout)")
+        for name in ("recovery", "capacity", "deploy"):
+            phases.setdefault(name, Phase(failure=message))
+    return Graded(s, device, journal, v2_fault, phases)
+
+
+@pytest.fixture(scope="session")
+def judge_model():
+    with intra_op_threads(1):
+        yield batching.serve_model(batching.ServeConfig(seed=0))

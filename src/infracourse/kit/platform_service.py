@@ -1,0 +1,442 @@
+"""The course's model service of week 21: the thing a learner's platform supervises, deploys, rolls back and
+measures. Frozen course code; the learner's work is the platform around it (a supervisor, retries, a rollout
+with its canary, a capacity sweep), never this file.
+
+    python -m uvicorn infracourse.kit.platform_service:app --uds SOCK     # or service_command(SOCK)
+
+Settings come from the environment, set by whoever starts the platform (the judge, or your own scripts):
+  INFRACOURSE_SERVE     the engine's limits (kit.batching.ServeConfig, JSON): on a CPU its step floor stands in
+                        for a device, so capacity is a matter of scheduling, not of how busy the CPU is
+  INFRACOURSE_VERSION   the version id this process serves ("v1" when unset); every chunk it streams carries it
+                        as `system_fingerprint`, and GET /health and /version answer it
+  INFRACOURSE_PLATFORM  JSON: {"journal": path of the execution journal (JSON lines, appended),
+                        "versions": {version id: faults of that version}, "faults": faults of every version,
+                        "seed": int}. Faults (all optional): "error_rate" (that share of completions answered
+                        HTTP 500 at once), "extra_step_ms" (each engine step lasts that much longer),
+                        "drop_rate" (that share of idempotency keys, seeded, of requests whose prompt starts with
+                        DROP_MARK, lose their connection just before the last token the first time they
+                        complete: the work is done and journaled, the answer is lost).
+
+The API (OpenAI-style streamed completions, as kit.loadgen speaks):
+  POST /v1/completions  {"prompt": [ids], "max_tokens": n, "idempotency_key": "..." (optional), ...}
+                        -> an SSE stream, one chunk per token (text = chr(id)), then a usage chunk and [DONE].
+                        A key that this service (this process or an earlier one, by the journal) has completed
+                        is answered from its table: the same tokens, nothing computed again. A key being computed
+                        right now is attached to that computation. Without a key every request is new work.
+  GET /health           {"status": "ok", "version", "pid"} once the model is loaded (uvicorn answers nothing
+                        before: readiness is "it answers")
+  GET /version          {"version"}
+  GET /debug/state      {"version", "pid", "running", "waiting", "executed", "replayed", "attached"}
+
+Scheduling: continuous batching over kit.batching.ModelRunner: at every step the running sequences decode one
+token and waiting ones join, first come first served, while max_num_seqs and the KV blocks allow (a request
+holds the blocks of its prompt + max_tokens from admission to its end); a step lasts at least the runner's floor.
+
+For a learner's gateway (no torch needed on that side):
+  service_command(uds)                  argv that serves this module on `uds` (the engine's settings pass
+                                        through the environment you give the process)
+  await completion_events(uds, body)    async iterator over the streamed events (dicts) up to [DONE]; raises
+                                        BackendLost when the connection fails or ends before [DONE], BackendError
+                                        (status, body) when the answer is not a 200 stream
+  await probe(uds, "/health")           (status, JSON or None); status 0 when nothing answers
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import math
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+VERSION_ENV, PLATFORM_ENV = "INFRACOURSE_VERSION", "INFRACOURSE_PLATFORM"
+DROP_MARK = 127  # the drop fault only touches prompts that start with this token
+
+# The capacity workload of week 21 (shared by the judge and the learner's sweep) --------------------------------
+CAPACITY_INPUT_LEN, CAPACITY_OUTPUT_LEN = 8, 12      # every request: an 8-token prompt, 12 new tokens
+CAPACITY_BURSTINESS = 20.0                           # gamma arrivals, shape 20: nearly evenly spaced (CV 0.22)
+CAPACITY_SLO_MS = {"ttft": 400.0, "tpot": 60.0}      # goodput: a request meeting both
+CAPACITY_GOODPUT_FRACTION = 0.99                     # capacity: the highest rate whose goodput stays >= 99 %
+DEVICE_PRICE_PER_HOUR = 2.0                          # dollars per device hour, idle time paid too
+
+
+def platform_config(device: str = "cpu"):
+    """The engine limits of week 21: 4 sequences at once, a 25 ms step floor on a CPU."""
+    from infracourse.kit.batching import ServeConfig
+
+    return ServeConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=8, num_blocks=64, max_waiting=256,
+                       request_timeout_s=60.0, step_floor_ms=25.0 if device == "cpu" else 0.0, device=device)
+
+
+def capacity_specs(n: int, seed: int = 0):
+    """n requests of the capacity workload (kit.loadgen.request_matrix, vocabulary 128)."""
+    from infracourse.kit.loadgen import request_matrix
+
+    specs = request_matrix([CAPACITY_INPUT_LEN], [CAPACITY_OUTPUT_LEN], n, vocab_size=128, seed=seed)
+    for spec in specs:
+        if spec.prompt_ids[0] == DROP_MARK:
+            spec.prompt_ids[0] = 0
+    return specs
+
+
+def service_command(uds: str) -> list[str]:
+    return [sys.executable, "-s", "-m", "uvicorn", "infracourse.kit.platform_service:app", "--uds", str(uds),
+            "--no-access-log", "--log-level", "warning", "--timeout-graceful-shutdown", "1"]
+
+
+class BackendLost(Exception):
+    """The connection to the service failed, or its stream ended before [DONE]."""
+
+
+class BackendError(Exception):
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+        self.status, self.body = status, body
+
+
+async def _read_head(reader):
+    status = (await reader.readline()).decode("latin-1").split()
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        k, _, v = line.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return (int(status[1]) if len(status) > 1 and status[1].isdigit() else 0), headers
+
+
+async def completion_events(uds: str, body: dict, *, connect_timeout_s: float = 2.0):
+    from infracourse.kit.loadgen import _body_pieces, _stream_lines
+
+    payload = json.dumps(body).encode()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(uds), connect_timeout_s)
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise BackendLost(f"cannot connect to {uds}: {type(exc).__name__}: {exc}") from None
+    try:
+        try:
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+            await writer.drain()
+            status, headers = await _read_head(reader)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            raise BackendLost(f"{type(exc).__name__}: {exc}") from None
+        if status != 200:
+            if status == 0:
+                raise BackendLost("no status line")
+            try:
+                rest = b"".join([p async for p in _body_pieces(reader, headers)])
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                rest = b""
+            raise BackendError(status, rest)
+        try:
+            async for line in _stream_lines(reader, headers):
+                line = line.strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                yield json.loads(data)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise BackendLost(f"the stream broke: {type(exc).__name__}: {exc}") from None
+        raise BackendLost("the stream ended without data: [DONE]")
+    finally:
+        writer.close()
+
+
+async def probe(uds: str, path: str = "/health", timeout_s: float = 1.0) -> tuple[int, object]:
+    from infracourse.kit.loadgen import _body_pieces
+
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(uds), timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return 0, None
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status, headers = await asyncio.wait_for(_read_head(reader), timeout_s)
+        raw = b"".join([p async for p in _body_pieces(reader, headers)])
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, None
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+        return 0, None
+    finally:
+        writer.close()
+
+
+# The service -----------------------------------------------------------------------------------------------------
+
+def _settings() -> tuple[str, dict, dict]:
+    version = os.environ.get(VERSION_ENV) or "v1"
+    raw = os.environ.get(PLATFORM_ENV, "")
+    platform = json.loads(raw) if raw else {}
+    faults = dict(platform.get("faults") or {})
+    faults.update((platform.get("versions") or {}).get(version) or {})
+    return version, platform, faults
+
+
+def _share(key: str, seed: int, what: str) -> float:
+    """A key's seeded draw in [0, 1): the same for every process of a grade."""
+    digest = hashlib.sha256(f"{seed}:{what}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass
+class _Req:
+    key: str | None
+    prompt: list[int]
+    max_tokens: int
+    arrived: float
+    out: list[int] = field(default_factory=list)
+    listeners: list = field(default_factory=list)   # (loop, asyncio.Queue) of each stream attached
+    blocks: list[int] = field(default_factory=list)
+    done: bool = False
+    cancelled: bool = False
+
+
+class Service:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        from infracourse.kit.batching import ModelRunner, ServeConfig
+
+        self.loop = loop
+        self.version, self.platform, self.faults = _settings()
+        self.cfg = ServeConfig.from_env()
+        self.runner = ModelRunner(self.cfg)
+        self.free = list(range(self.cfg.num_blocks))
+        self.inbox: queue.SimpleQueue[_Req] = queue.SimpleQueue()
+        self.waiting: deque[_Req] = deque()
+        self.running: list[_Req] = []
+        self.table: dict[str, list[int]] = {}       # completed keys -> their tokens
+        self.live: dict[str, _Req] = {}              # keys being computed
+        self.dropped: set[str] = set()
+        self.executed = self.replayed = self.attached = 0
+        self.lock = threading.Lock()
+        self.journal_path = self.platform.get("journal")
+        self.seed = int(self.platform.get("seed", 0))
+        if self.journal_path and os.path.exists(self.journal_path):
+            with open(self.journal_path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue  # a line cut by a kill
+                    if event.get("event") == "done" and event.get("key") is not None:
+                        self.table[event["key"]] = event["tokens"]
+                    if event.get("event") == "dropped":
+                        self.dropped.add(event["key"])
+        self.log("ready", pid=os.getpid(), table=len(self.table))
+
+    def log(self, event: str, **fields) -> None:
+        print(json.dumps({"ts": time.time(), "event": event, "version": self.version, **fields}), file=sys.stderr,
+              flush=True)
+
+    def journal(self, event: str, **fields) -> None:
+        if not self.journal_path:
+            return
+        line = json.dumps({"event": event, "version": self.version, "pid": os.getpid(), "t": time.time(),
+                           **fields})
+        with self.lock, open(self.journal_path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+
+    # engine thread
+    def _emit(self, r: _Req, token: int) -> None:
+        r.out.append(token)
+        for loop, q in list(r.listeners):
+            loop.call_soon_threadsafe(q.put_nowait, token)
+
+    def _finish(self, r: _Req) -> None:
+        self.free.extend(r.blocks)
+        r.blocks = []
+        if not r.cancelled:
+            self.journal("done", key=r.key, prompt=r.prompt, tokens=r.out)
+            if r.key is not None:
+                self.table[r.key] = list(r.out)
+                self.live.pop(r.key, None)
+        r.done = True
+        for loop, q in list(r.listeners):
+            loop.call_soon_threadsafe(q.put_nowait, None)
+
+    def step(self) -> None:
+        from infracourse.kit.batching import Piece
+
+        for r in [r for r in self.running if r.cancelled]:
+            self.running.remove(r)
+            self._finish(r)
+        pieces, live = [], []
+        for r in self.running:
+            pieces.append(Piece([r.out[-1]], len(r.prompt) + len(r.out) - 1, r.blocks))
+            live.append(r)
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            r = self.waiting[0]
+            if r.cancelled:
+                self.waiting.popleft()
+                self._finish(r)
+                continue
+            need = math.ceil((len(r.prompt) + r.max_tokens) / self.cfg.block_size)
+            if need > len(self.free):
+                break
+            r.blocks = [self.free.pop() for _ in range(need)]
+            self.running.append(self.waiting.popleft())
+            pieces.append(Piece(list(r.prompt), 0, r.blocks))
+            live.append(r)
+        if not pieces:
+            return
+        started = time.perf_counter()
+        tokens = self.runner.step(pieces).argmax(-1).tolist()
+        extra = self.faults.get("extra_step_ms", 0) / 1000.0
+        if extra > 0:
+            time.sleep(max(0.0, extra - (time.perf_counter() - started - self.runner.floor_s)))
+        for r, token in zip(live, tokens):
+            self._emit(r, token)
+            if len(r.out) >= r.max_tokens:
+                self.running.remove(r)
+                self._finish(r)
+
+    def run(self) -> None:
+        while True:
+            idle = not self.waiting and not self.running
+            try:
+                while True:
+                    self.waiting.append(self.inbox.get(block=idle))
+                    idle = False
+            except queue.Empty:
+                pass
+            self.step()
+
+
+_ids = itertools.count()
+
+
+@asynccontextmanager
+async def _lifespan(app):
+    import torch
+
+    torch.set_num_threads(1)
+    app.state.service = Service(asyncio.get_running_loop())
+    threading.Thread(target=app.state.service.run, daemon=True).start()
+    yield
+
+
+def _make_app():
+    api = FastAPI(lifespan=_lifespan)
+
+    @api.get("/health")
+    async def health(request: Request):
+        s: Service = request.app.state.service
+        return {"status": "ok", "version": s.version, "pid": os.getpid()}
+
+    @api.get("/version")
+    async def version(request: Request):
+        return {"version": request.app.state.service.version}
+
+    @api.get("/debug/state")
+    async def state(request: Request):
+        s: Service = request.app.state.service
+        return {"version": s.version, "pid": os.getpid(), "running": len(s.running),
+                "waiting": len(s.waiting) + s.inbox.qsize(), "executed": s.executed, "replayed": s.replayed,
+                "attached": s.attached}
+
+    def chunk(rid: str, version: str, text: str, finish: str | None = None, usage: dict | None = None) -> str:
+        body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": "kit-gpt",
+                "system_fingerprint": version, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+        if usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        s: Service = request.app.state.service
+        body = await request.json()
+        prompt, max_tokens, key = body.get("prompt"), body.get("max_tokens", 16), body.get("idempotency_key")
+        if isinstance(prompt, str):
+            prompt = list(prompt.encode())
+        if (not isinstance(prompt, list) or not prompt or not all(type(t) is int and 0 <= t < 128 for t in prompt)
+                or type(max_tokens) is not int or max_tokens < 1 or len(prompt) + max_tokens > 128
+                or (key is not None and not isinstance(key, str))):
+            return JSONResponse({"error": {"message": "bad prompt, max_tokens or idempotency_key"}}, status_code=400)
+        rid = f"cmpl-{os.getpid()}-{next(_ids)}"
+        error_rate = s.faults.get("error_rate", 0)
+        if error_rate and random.random() < error_rate:
+            s.log("error", key=key, status=500, fault="error_rate")
+            return JSONResponse({"error": {"message": "internal error"}}, status_code=500)
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+        if key is not None and key in s.table:
+            s.replayed += 1
+            s.journal("replay", key=key)
+            r = _Req(key, prompt, max_tokens, time.perf_counter(), out=list(s.table[key]), done=True)
+        elif key is not None and key in s.live:
+            s.attached += 1
+            r = s.live[key]
+            r.listeners.append((loop, q))
+        else:
+            if len(s.waiting) + s.inbox.qsize() >= s.cfg.max_waiting:
+                return JSONResponse({"error": {"message": "queue full"}}, status_code=429)
+            r = _Req(key, prompt, max_tokens, time.perf_counter())
+            r.listeners.append((loop, q))
+            s.executed += 1
+            if key is not None:
+                s.live[key] = r
+            s.journal("start", key=key)
+            s.inbox.put(r)
+        drop = (key is not None and prompt[0] == DROP_MARK and key not in s.dropped and s.faults.get("drop_rate", 0) > 0
+                and _share(key, s.seed, "drop") < s.faults["drop_rate"])
+
+        async def stream():
+            sent = 0
+            try:
+                while sent < r.max_tokens:
+                    if sent < len(r.out):
+                        if drop and sent == r.max_tokens - 1:
+                            while not r.done:  # the work completes and is journaled; its answer is lost
+                                await asyncio.sleep(0.002)
+                            raise _drop(s, key)
+                        yield chunk(rid, s.version, chr(r.out[sent]))
+                        sent += 1
+                    elif r.done:
+                        break
+                    else:
+                        await q.get()  # a wake-up: the engine appended a token or finished
+                usage = {"prompt_tokens": len(prompt), "completion_tokens": sent,
+                         "total_tokens": len(prompt) + sent}
+                yield chunk(rid, s.version, "", "length", usage)
+                yield "data: [DONE]\n\n"
+            finally:
+                try:
+                    r.listeners.remove((loop, q))
+                except ValueError:
+                    pass
+                if not r.listeners and not r.done and sent < r.max_tokens:  # every client gone: work abandoned
+                    r.cancelled = True
+                    if r.key is not None and s.live.get(r.key) is r:
+                        s.live.pop(r.key, None)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return api
+
+
+def _drop(s: Service, key: str) -> Exception:
+    s.dropped.add(key)
+    s.journal("dropped", key=key)
+    s.log("dropped", key=key, fault="drop_rate")
+    return ConnectionAbortedError(f"fault injected: the answer to {key} is lost")
+
+
+def __getattr__(name):  # `app` is built on first use: importing the client helpers needs no FastAPI app
+    if name == "app":
+        globals()["app"] = _make_app()
+        return globals()["app"]
+    raise AttributeError(name)
