@@ -23,7 +23,8 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
 def test_starter_fails_and_says_what_to_do(grade_lab):
     result, checks = grade_lab("week21", source="starter", stamp=False)
     assert not result.complete
-    for check in ("supervisor-restarts", "no-request-lost", "executed-once", "capacity-reproduced", "rollback"):
+    for check in ("supervisor-restarts", "no-request-lost", "executed-once", "capacity-reproduced", "rollback",
+                  "class-isolation", "diagnose-faults"):
         assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
         assert "not written yet" in checks[check].message, (check, checks[check].message)
     assert checks["report"].status == "failed"
@@ -57,6 +58,13 @@ VARIANTS = {
     "rollback that never happens": ("rollback", {"gateway.py": replace_once(
         """    baseline, canary = await asyncio.gather(canary_sample(old), canary_sample(new))""",
         """    baseline = canary = {"errors": 0, "tpot_s": 0.0}""")}),
+    # one diagnosis for every incident
+    "diagnose that always answers the same fault": ("diagnose-faults", {"diagnose.py": replace_once(
+        "    metrics = sorted(metrics, key=lambda m: m[\"t\"])\n",
+        "    metrics = sorted(metrics, key=lambda m: m[\"t\"])\n    return {\"fault\": \"overload\", \"began_at\": metrics[-1][\"t\"]}\n")}),
+    # both classes in one queue, in arrival order: class B waits behind the whole flood
+    "single shared queue": ("class-isolation", {"gateway.py": replace_once(
+        "        self.queues[name].append(waiter)", "        self.queues[\"A\"].append(waiter)")}),
 }
 
 
@@ -69,3 +77,7 @@ def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
               if c.id not in (check_id, "report") and c.status not in ("passed", "blocked")}
     assert not others, others
     assert not result.complete
+
+
+def test_honest_gateway_in_another_style_passes(grade_lab, machine):
+    assert_solution_passes(grade_lab, machine, "week21", edits={name: (HONEST / name).read_text() for name in ("gateway.py", "diagnose.py")})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import threading
 import time
@@ -294,6 +295,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
                 phases["capacity"] = Phase(failure=str(exc))
             else:
                 _run(phases, "capacity", server, phase_capacity, s, claimed)
+            _run(phases, "classes", server, phase_classes, s)
             _run(phases, "deploy", server, phase_deploy, s)
     except LabCheckFailed as exc:
         message = str(exc)
@@ -301,7 +303,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
         if todo:
             message = (f"your gateway did not start: it raised {'; '.join(todo[-3:])}: not written yet (see the "
                        "handout)")
-        for name in ("recovery", "capacity", "deploy"):
+        for name in ("recovery", "capacity", "classes", "deploy"):
             phases.setdefault(name, Phase(failure=message))
     return Graded(s, device, journal, v2_fault, phases)
 
@@ -310,3 +312,132 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
 def judge_model():
     with intra_op_threads(1):
         yield batching.serve_model(batching.ServeConfig(seed=0))
+
+
+# --- diagnosis: a course service alone, one injected fault each ---------------------------------------------------
+DIAG_FAULTS = ("process_exit", "overload", "slow_dependency")
+DIAG_RATE, DIAG_AFTER_S, DIAG_TOLERANCE_S = 4.0, 2.0, 1.0
+
+
+@dataclass
+class Scenario:
+    fault: str
+    began_at: float = 0.0          # time.time() when the judge injected it
+    logs: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+    failure: str | None = None
+
+
+def _scrape(server: Server, out: list, stop: threading.Event) -> None:
+    while not stop.is_set():
+        t = time.time()
+        try:
+            status, _, body = server.request("GET", "/debug/state", timeout_s=0.5)
+            out.append({"t": t, "up": 1, **json.loads(body)} if status == 200 else {"t": t, "up": 0})
+        except Exception:  # noqa: BLE001 - a scrape that failed is the metric "up 0"
+            out.append({"t": t, "up": 0})
+        time.sleep(0.1)
+
+
+def _background(fn) -> threading.Thread:
+    thread = threading.Thread(target=lambda: _quiet(fn), daemon=True)
+    thread.start()
+    return thread
+
+
+def _quiet(fn) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the load's own failures are what the fault does
+        pass
+
+
+def run_scenario(server: Server, sc: Scenario, seed: int, onset_s: float, flag: Path) -> None:
+    stop = threading.Event()
+    scraper = threading.Thread(target=_scrape, args=(server, sc.metrics, stop), daemon=True)
+    scraper.start()
+    n = int(DIAG_RATE * (onset_s + DIAG_AFTER_S + 1))
+    steady = request_matrix([8], [12], n, vocab_size=128, seed=seed)
+    _background(lambda: server.load(steady, rate=DIAG_RATE, seed=seed, timeout_s=8.0))
+    time.sleep(onset_s)
+    sc.began_at = time.time()
+    if sc.fault == "process_exit":
+        for p in psutil.Process(server.proc.pid).children(recursive=True):
+            try:
+                if any("platform_service" in a for a in p.cmdline()):
+                    p.kill()
+            except psutil.Error:
+                pass
+    elif sc.fault == "overload":
+        flood = request_matrix([8], [12], 120, vocab_size=128, seed=seed + 1)
+        _background(lambda: server.load(flood, seed=seed, timeout_s=8.0))
+    else:
+        flag.touch()
+    time.sleep(DIAG_AFTER_S)
+    stop.set()
+    scraper.join(2)
+    for line in server.log_tail(2_000_000).splitlines():
+        if line.startswith("{"):
+            try:
+                sc.logs.append(json.loads(line))
+            except ValueError:
+                continue
+
+
+@pytest.fixture(scope="session")
+def scenarios(device, seed, tmp_path_factory) -> list[Scenario]:
+    """The three faults, each on its own course service (started together, run one after the other), in the
+    seed's order; onsets 1.5-2.4 s into a steady 4 requests/s."""
+    from infracourse.grading import serving
+
+    s = seed % 10_000
+    order = list(DIAG_FAULTS)
+    random.Random(s).shuffle(order)
+    empty = tmp_path_factory.mktemp("diag-app")
+    out, servers = [], []
+    try:
+        for fault in order:
+            scratch = tmp_path_factory.mktemp(f"diag-{fault.split('_')[0]}")
+            flag = scratch / "slow.flag"
+            platform = {"seed": s, "faults": {"slow_file": str(flag)}}
+            env = {**ps.platform_config(device).to_env(), ps.PLATFORM_ENV: json.dumps(platform)}
+            servers.append((fault, flag, serving.start(empty, "infracourse.kit.platform_service:app",
+                                                        scratch=scratch, env=env, device=device)))
+        for i, (fault, flag, server) in enumerate(servers):
+            sc = Scenario(fault)
+            try:
+                serving.wait_ready(server, 90)
+                run_scenario(server, sc, s + 100 * i, 1.5 + ((s + i) % 10) * 0.1, flag)
+            except Exception as exc:  # noqa: BLE001 - a course service that did not start: a course bug
+                sc.failure = f"the judge's {fault} scenario could not run ({type(exc).__name__}: {exc})"
+            out.append(sc)
+    finally:
+        for _, _, server in servers:
+            serving.stop(server)
+    return out
+
+
+# --- two request classes ------------------------------------------------------------------------------------------
+FLOOD_A, CLASS_B_REQUESTS, CLASS_B_RATE, CLASS_B_AFTER_S = 60, 12, 3.0, 0.5
+
+
+def phase_classes(server: Server, seed: int) -> dict:
+    flood = request_matrix([8], [12], FLOOD_A, vocab_size=128, seed=seed + 41)
+    steady = request_matrix([8], [12], CLASS_B_REQUESTS, vocab_size=128, seed=seed + 42)
+    for spec in flood + steady:
+        spec.prompt_ids[0] %= ps.DROP_MARK
+    out: dict = {}
+
+    def run_a():
+        out["a"] = server.load(flood, seed=seed, timeout_s=90.0, extra_body={"request_class": "A"})
+
+    thread = threading.Thread(target=run_a, daemon=True)
+    thread.start()
+    time.sleep(CLASS_B_AFTER_S)
+    b_records, b_duration = server.load(steady, rate=CLASS_B_RATE, burstiness=20.0, seed=seed, timeout_s=90.0,
+                                        extra_body={"request_class": "B"})
+    thread.join(95)
+    a_records, a_duration = out["a"]
+    return {"a": {"specs": flood, "records": a_records, "metrics": compute_metrics(a_records, a_duration)},
+            "b": {"specs": steady, "records": b_records, "metrics": compute_metrics(b_records, b_duration,
+                                                                                   percentiles=(50, 99))}}

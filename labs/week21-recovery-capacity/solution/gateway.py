@@ -12,6 +12,7 @@ import os
 import statistics
 import time
 import uuid
+from collections import deque
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,9 @@ READY_TIMEOUT_S = 60.0      # a service that does not answer /health this long a
 CANARY_PROBES = 10          # requests sent to each of the old and the new version before any user traffic moves
 CANARY_SLOWER = 1.5         # the new version's median per-token time may be at most this times the old one's
 CANARY_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+CLASSES = ("A", "B")        # request classes, each with its own queue; unknown or none counts as A
+# requests in flight at the service: its running slots and a little more, so that it never idles between two
+SERVICE_SLOTS = json.loads(os.environ.get("INFRACOURSE_SERVE") or "{}").get("max_num_seqs", 16) + 2
 
 
 def log(event: str, **fields) -> None:
@@ -87,8 +91,47 @@ class Backend:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
+class Dispatcher:
+    """At most `slots` requests at the service; the rest wait in their class's queue, and a freed slot goes to
+    the classes in turn, so a flood of one class cannot starve the other."""
+
+    def __init__(self, slots: int):
+        self.slots, self.busy, self.turn = slots, 0, 0
+        self.queues: dict[str, deque] = {name: deque() for name in CLASSES}
+
+    async def acquire(self, name: str) -> None:
+        if self.busy < self.slots and not any(self.queues.values()):
+            self.busy += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.queues[name].append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter in self.queues[name]:
+                self.queues[name].remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self.release()
+            raise
+
+    def release(self) -> None:
+        self.busy -= 1
+        while self.busy < self.slots:
+            for queue in self.queues.values():
+                while queue and queue[0].done():  # a waiter cancelled meanwhile
+                    queue.popleft()
+            order = CLASSES[self.turn % len(CLASSES):] + CLASSES[:self.turn % len(CLASSES)]
+            queue = next((self.queues[name] for name in order if self.queues[name]), None)
+            if queue is None:
+                return
+            self.turn += 1
+            self.busy += 1
+            queue.popleft().set_result(None)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI):
+    app.state.dispatcher = Dispatcher(SERVICE_SLOTS)
     app.state.active = Backend("v1")
     app.state.rollouts, app.state.tasks = [], set()
     await app.state.active.wait_ready(READY_TIMEOUT_S)
@@ -149,13 +192,20 @@ async def relay(request: Request, body: dict):
 @app.post("/v1/completions")
 async def completions(request: Request):
     body = await request.json()
+    name = body.pop("request_class", "A")
+    name = name if name in CLASSES else "A"
+    dispatcher: Dispatcher = request.app.state.dispatcher
 
     async def stream():
-        async for event in relay(request, body):
-            yield f"data: {json.dumps(event)}\n\n"
-            if "error" in event:
-                return
-        yield "data: [DONE]\n\n"
+        await dispatcher.acquire(name)
+        try:
+            async for event in relay(request, body):
+                yield f"data: {json.dumps(event)}\n\n"
+                if "error" in event:
+                    return
+            yield "data: [DONE]\n\n"
+        finally:
+            dispatcher.release()
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 

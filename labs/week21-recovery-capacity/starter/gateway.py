@@ -4,7 +4,7 @@ behind a canary, rolling it back when the canary finds it worse than the version
 
     python -m uvicorn gateway:app --uds SOCK       (the judge's command; sweep.py starts it the same way)
 
-Write the three TODOs: Backend.supervise, relay, rollout. The rest is given.
+Write the TODOs: Backend.supervise, relay, rollout, Dispatcher. The rest is given.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 import uuid
+from collections import deque
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,9 @@ from infracourse.kit.platform_service import (VERSION_ENV, BackendError, Backend
 
 RETRY_WINDOW_S = 45.0       # how long a request may wait for a service to come back before it is failed
 READY_TIMEOUT_S = 60.0      # a service that does not answer /health this long after its start is restarted
+CLASSES = ("A", "B")        # request classes, each with its own queue; unknown or none counts as A
+# requests in flight at the service: its running slots and a little more, so that it never idles between two
+SERVICE_SLOTS = json.loads(os.environ.get("INFRACOURSE_SERVE") or "{}").get("max_num_seqs", 16) + 2
 
 
 def log(event: str, **fields) -> None:
@@ -66,8 +70,26 @@ class Backend:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
+class Dispatcher:
+    """At most `slots` requests at the service at once; the others wait in their class's queue."""
+
+    def __init__(self, slots: int):
+        self.slots, self.busy = slots, 0
+        self.queues: dict[str, deque] = {name: deque() for name in CLASSES}
+
+    async def acquire(self, name: str) -> None:
+        """TODO: return at once while fewer than `slots` are busy and nobody waits; otherwise wait in
+        self.queues[name] (an asyncio future) until release() hands this request a slot."""
+        raise NotImplementedError("Dispatcher.acquire: a queue per request class")
+
+    def release(self) -> None:
+        """TODO: free a slot and hand it on, taking the non-empty class queues in turn."""
+        raise NotImplementedError("Dispatcher.release: hand the freed slot to the classes in turn")
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI):
+    app.state.dispatcher = Dispatcher(SERVICE_SLOTS)
     app.state.active = Backend("v1")
     app.state.rollouts, app.state.tasks = [], set()
     await app.state.active.wait_ready(READY_TIMEOUT_S)
@@ -103,13 +125,20 @@ async def relay(request: Request, body: dict):
 @app.post("/v1/completions")
 async def completions(request: Request):
     body = await request.json()
+    name = body.pop("request_class", "A")
+    name = name if name in CLASSES else "A"
+    dispatcher: Dispatcher = request.app.state.dispatcher
 
     async def stream():
-        async for event in relay(request, body):
-            yield f"data: {json.dumps(event)}\n\n"
-            if "error" in event:
-                return
-        yield "data: [DONE]\n\n"
+        await dispatcher.acquire(name)
+        try:
+            async for event in relay(request, body):
+                yield f"data: {json.dumps(event)}\n\n"
+                if "error" in event:
+                    return
+            yield "data: [DONE]\n\n"
+        finally:
+            dispatcher.release()
 
     return StreamingResponse(stream(), media_type="text/event-stream")
 

@@ -15,7 +15,9 @@ Settings come from the environment, set by whoever starts the platform (the judg
                         HTTP 500 at once), "extra_step_ms" (each engine step lasts that much longer),
                         "drop_rate" (that share of idempotency keys, seeded, of requests whose prompt starts with
                         DROP_MARK, lose their connection just before the last token the first time they
-                        complete: the work is done and journaled, the answer is lost).
+                        complete: the work is done and journaled, the answer is lost), "slow_file" (a path:
+                        while that file exists every step lasts "slow_file_ms", default 80, longer: a slow
+                        dependency switched on at a moment of the caller's choosing).
 
 The API (OpenAI-style streamed completions, as kit.loadgen speaks):
   POST /v1/completions  {"prompt": [ids], "max_tokens": n, "idempotency_key": "..." (optional), ...}
@@ -26,7 +28,11 @@ The API (OpenAI-style streamed completions, as kit.loadgen speaks):
   GET /health           {"status": "ok", "version", "pid"} once the model is loaded (uvicorn answers nothing
                         before: readiness is "it answers")
   GET /version          {"version"}
-  GET /debug/state      {"version", "pid", "running", "waiting", "executed", "replayed", "attached"}
+  GET /debug/state      {"version", "pid", "running", "waiting", "executed", "replayed", "attached",
+                        "requests_total", "finished_total", "steps_total", "step_seconds_total"} (counters
+                        since the process started)
+Logs: one JSON object per line on stderr, {"ts" (time.time()), "event", "version", ...}: "ready", "request"
+(each arrival), "finished" (queue_s, duration_s, tokens), "error", "dropped".
 
 Scheduling: continuous batching over kit.batching.ModelRunner: at every step the running sequences decode one
 token and waiting ones join, first come first served, while max_num_seqs and the KV blocks allow (a request
@@ -202,6 +208,7 @@ class _Req:
     out: list[int] = field(default_factory=list)
     listeners: list = field(default_factory=list)   # (loop, asyncio.Queue) of each stream attached
     blocks: list[int] = field(default_factory=list)
+    admitted: float = 0.0
     done: bool = False
     cancelled: bool = False
 
@@ -222,6 +229,8 @@ class Service:
         self.live: dict[str, _Req] = {}              # keys being computed
         self.dropped: set[str] = set()
         self.executed = self.replayed = self.attached = 0
+        self.requests_total = self.finished_total = self.steps_total = 0
+        self.step_seconds_total = 0.0
         self.lock = threading.Lock()
         self.journal_path = self.platform.get("journal")
         self.seed = int(self.platform.get("seed", 0))
@@ -261,6 +270,9 @@ class Service:
         self.free.extend(r.blocks)
         r.blocks = []
         if not r.cancelled:
+            self.finished_total += 1
+            self.log("finished", key=r.key, tokens=len(r.out), queue_s=round(r.admitted - r.arrived, 4),
+                     duration_s=round(time.perf_counter() - r.arrived, 4))
             self.journal("done", key=r.key, prompt=r.prompt, tokens=r.out)
             if r.key is not None:
                 self.table[r.key] = list(r.out)
@@ -289,6 +301,7 @@ class Service:
             if need > len(self.free):
                 break
             r.blocks = [self.free.pop() for _ in range(need)]
+            r.admitted = time.perf_counter()
             self.running.append(self.waiting.popleft())
             pieces.append(Piece(list(r.prompt), 0, r.blocks))
             live.append(r)
@@ -297,8 +310,13 @@ class Service:
         started = time.perf_counter()
         tokens = self.runner.step(pieces).argmax(-1).tolist()
         extra = self.faults.get("extra_step_ms", 0) / 1000.0
+        slow = self.faults.get("slow_file")
+        if slow and os.path.exists(slow):  # the slow dependency of week 21's diagnosis, switched on by a file
+            extra += self.faults.get("slow_file_ms", 80.0) / 1000.0
         if extra > 0:
             time.sleep(max(0.0, extra - (time.perf_counter() - started - self.runner.floor_s)))
+        self.steps_total += 1
+        self.step_seconds_total += time.perf_counter() - started
         for r, token in zip(live, tokens):
             self._emit(r, token)
             if len(r.out) >= r.max_tokens:
@@ -347,7 +365,8 @@ def _make_app():
         s: Service = request.app.state.service
         return {"version": s.version, "pid": os.getpid(), "running": len(s.running),
                 "waiting": len(s.waiting) + s.inbox.qsize(), "executed": s.executed, "replayed": s.replayed,
-                "attached": s.attached}
+                "attached": s.attached, "requests_total": s.requests_total, "finished_total": s.finished_total,
+                "steps_total": s.steps_total, "step_seconds_total": round(s.step_seconds_total, 6)}
 
     def chunk(rid: str, version: str, text: str, finish: str | None = None, usage: dict | None = None) -> str:
         body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": "kit-gpt",
@@ -368,6 +387,8 @@ def _make_app():
                 or (key is not None and not isinstance(key, str))):
             return JSONResponse({"error": {"message": "bad prompt, max_tokens or idempotency_key"}}, status_code=400)
         rid = f"cmpl-{os.getpid()}-{next(_ids)}"
+        s.requests_total += 1
+        s.log("request", id=rid, key=key, prompt_tokens=len(prompt), max_tokens=max_tokens)
         error_rate = s.faults.get("error_rate", 0)
         if error_rate and random.random() < error_rate:
             s.log("error", key=key, status=500, fault="error_rate")
@@ -409,6 +430,8 @@ def _make_app():
                         break
                     else:
                         await q.get()  # a wake-up: the engine appended a token or finished
+                while not r.done:  # [DONE] only once the work is journaled
+                    await q.get()
                 usage = {"prompt_tokens": len(prompt), "completion_tokens": sent,
                          "total_tokens": len(prompt) + sent}
                 yield chunk(rid, s.version, "", "length", usage)
