@@ -28,7 +28,7 @@ def test_capacity_reproduced(graded, judge_model, record):
         raise LabCheckFailed(
             f"capacity.json claims {claimed:.3g} requests/s, but the judge ran {above['n']} requests at "
             f"{CAPACITY_ABOVE:g}x that ({above['rate']:.3g}/s) and {above['good_fraction']:.1%} still met {SLO}: "
-            "the claim is not the highest rate the SLO holds at. Sweep upward in steps of at most 10 % until the "
+            "the claim is not the highest rate the SLO holds at. Sweep upward in steps of at most 5 % until the "
             "goodput fraction falls under 99 %, and report the last rate before it")
     cost = serving_cost(m, ps.DEVICE_PRICE_PER_HOUR)
     record("capacity", claimed, unit="requests/s")
