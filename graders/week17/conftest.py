@@ -19,14 +19,14 @@ import re
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Server, ServerFailed, serve
+from infracourse.grading.serving import Phase, Server, ServerFailed, serve
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import batching
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
@@ -35,18 +35,6 @@ from infracourse.kit.threads import intra_op_threads
 PERCENTILES = (50, 95, 99)
 STARVE_SHORTS, STARVE_LONG_AT = 30, 8  # the starvation phase's short requests; where its long prompt is
 NEAR_TIE = 1e-4  # a token within this of the best logit counts as greedy (batched sums round differently)
-
-
-@dataclass
-class Phase:
-    """What one phase saw, or why it could not run (`failure`, re-raised by the checks that need it)."""
-    failure: str | None = None
-    data: dict = field(default_factory=dict)
-
-    def get(self) -> dict:
-        if self.failure:
-            raise LabCheckFailed(self.failure)
-        return self.data
 
 
 @dataclass

@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
-from infracourse.grading.serving import Server, start, stop, wait_ready
+from infracourse.grading.serving import Phase, Server, start, stop, wait_ready
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import service_kit as sk
 
@@ -27,18 +27,6 @@ LOAD_DELAY_S = 2.0
 JUDGE_CFG = sk.ServiceConfig(load_delay_s=LOAD_DELAY_S)
 # the learner's files (lab.yaml `files`): what another person gets, and all the clean-copy check copies
 FILES = ("server.py", "limiter.py", "run.sh", "DEPLOY.md", "Dockerfile", "requirements.txt", "report.md")
-
-
-@dataclass
-class Phase:
-    """What one phase saw, or why it could not run (`failure`, re-raised by the checks that need it)."""
-    failure: str | None = None
-    data: dict = field(default_factory=dict)
-
-    def get(self) -> dict:
-        if self.failure:
-            raise LabCheckFailed(self.failure)
-        return self.data
 
 
 @dataclass

@@ -132,7 +132,9 @@ async def completions(request: Request):
     if not admitted:
         return answer(rid, client, started, 429, "rate_limited", {"error": "rate limit exceeded"},
                       **{"Retry-After": str(max(1, math.ceil(wait)))})
-    if metrics.queued + metrics.running >= cfg.max_concurrency + cfg.max_queue:
+    # the queue itself is the bound: a slot being handed from a finished request to a waiting one leaves
+    # `running` one short for a moment, so "queued + running < total" would let a 7th request into a queue of 6
+    if metrics.queued >= cfg.max_queue:
         return answer(rid, client, started, 503, "rejected", {"error": "queue full, try again later"},
                       **{"Retry-After": "1"})
     cancel, state = threading.Event(), {"queued": True}

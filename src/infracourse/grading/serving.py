@@ -36,25 +36,28 @@ from typing import Iterator, Sequence
 from infracourse import sandbox
 from infracourse.grading.torchrun import kill_tree
 from infracourse.guard import LabCheckFailed
+from infracourse.kit.loadgen import UnixHTTPConnection
 
 SOCKET_NAME = "server.sock"
 LOG_NAME = "server.log"
 _MAX_SOCKET_PATH = 100  # AF_UNIX paths hold 107 bytes on Linux; keep a margin
 
 
+@dataclass
+class Phase:
+    """What one phase of a served grade saw (the judge drives a server once through several phases and each
+    check reads its own), or why it could not run: `failure`, re-raised by the checks that need it."""
+    failure: str | None = None
+    data: dict = field(default_factory=dict)
+
+    def get(self) -> dict:
+        if self.failure:
+            raise LabCheckFailed(self.failure)
+        return self.data
+
+
 class ServerFailed(LabCheckFailed):
     """The learner's server did not start, or died while the judge was using it (the message has its log)."""
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
 
 
 @dataclass
@@ -95,7 +98,7 @@ class Server:
                 timeout_s: float = 10.0) -> tuple[int, dict[str, str], bytes]:
         """One plain HTTP request over the socket: (status, headers lower-cased, body bytes). A JSON `body` is
         sent with its Content-Type. Connection errors raise (OSError, http.client.HTTPException)."""
-        conn = _UnixHTTPConnection(self.uds, timeout_s)
+        conn = UnixHTTPConnection(self.uds, timeout_s)
         try:
             payload = json.dumps(body).encode() if body is not None else None
             headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -240,7 +243,7 @@ def _environment(scratch: Path, device: str, extra: dict[str, str] | None) -> di
 
 def _answers(uds: str) -> bool:
     """Whether something answers HTTP on the socket (any status line counts: the app is being served)."""
-    conn = _UnixHTTPConnection(uds, timeout=2.0)
+    conn = UnixHTTPConnection(uds, timeout=2.0)
     try:
         conn.request("GET", "/health")
         conn.getresponse().read()

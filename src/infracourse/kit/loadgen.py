@@ -31,9 +31,11 @@ scale=1 / (rate * burstiness)); burstiness 1 is a Poisson process, < 1 burstier,
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import math
 import random
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -42,6 +44,19 @@ from urllib.parse import urlsplit
 import numpy as np
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix domain socket (a sandboxed server listens on one), for plain requests."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
 
 
 @dataclass

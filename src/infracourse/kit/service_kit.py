@@ -24,10 +24,11 @@ import math
 import os
 import random
 import re
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+
+from infracourse.kit.loadgen import UnixHTTPConnection
 
 ENV = "INFRACOURSE_SERVICE"
 CLIENT_HEADER = "X-Client-Id"
@@ -171,17 +172,6 @@ def probe_bucket(bucket_cls, rate: float, burst: int, script: list) -> list[dict
 
 # --- talking to a service -----------------------------------------------------------------------------------
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
 @dataclass
 class Answer:
     """One request on the caller's clock. status 0: no answer (error says why)."""
@@ -217,7 +207,7 @@ def call(target: str, method: str, path: str, body: dict | None = None, *, clien
          timeout_s: float = 15.0, phase: str = "") -> Answer:
     """One request to `target` (a Unix socket path, or host:port); never raises for the server's faults."""
     if target.startswith("/"):
-        conn = _UnixConnection(target, timeout_s)
+        conn = UnixHTTPConnection(target, timeout_s)
     else:
         host, _, port = target.rpartition(":")
         conn = http.client.HTTPConnection(host or "127.0.0.1", int(port), timeout=timeout_s)
