@@ -23,7 +23,6 @@ import random
 import re
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
