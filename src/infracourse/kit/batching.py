@@ -24,13 +24,13 @@ CPU to the HTTP side), whatever the batch. `forward_batch(model, pool, pieces)` 
 """
 from __future__ import annotations
 
-import json
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from infracourse.kit.env_config import EnvConfig
 from infracourse.kit.gpt import GPT, GPTConfig
 
 ENV = "INFRACOURSE_SERVE"
@@ -39,9 +39,10 @@ SERVE_GPT = GPTConfig(vocab_size=128, seq_len=128, d_model=64, n_head=4, n_kv_he
 
 
 @dataclass(frozen=True)
-class ServeConfig:
+class ServeConfig(EnvConfig):
     """The engine's limits, set by whoever starts the server (the judge, or your bench script) through the
     INFRACOURSE_SERVE environment variable, a JSON object of these fields; absent fields keep these defaults."""
+    env_var: ClassVar[str] = ENV
     seed: int = 0                       # the model's weights
     max_num_seqs: int = 16              # sequences running at once (the batch's rows)
     max_num_batched_tokens: int = 64    # tokens computed in one step, prefill and decode together
@@ -51,18 +52,6 @@ class ServeConfig:
     request_timeout_s: float = 30.0     # a request not finished this long after it arrived is aborted
     step_floor_ms: float = 0.0          # the least time a step takes (ModelRunner): a device's weight-bound step
     device: str = "cpu"
-
-    @classmethod
-    def from_env(cls, environ=None) -> "ServeConfig":
-        raw = (environ if environ is not None else os.environ).get(ENV, "")
-        values = json.loads(raw) if raw else {}
-        unknown = set(values) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"{ENV}: unknown field(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        return cls(**values)
-
-    def to_env(self) -> dict[str, str]:
-        return {ENV: json.dumps(asdict(self))}
 
 
 def serve_model(cfg: ServeConfig | None = None) -> GPT:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import os
 import random
 import re
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import ClassVar
 
+from infracourse.kit.env_config import EnvConfig
 from infracourse.kit.loadgen import UnixHTTPConnection
 
 ENV = "INFRACOURSE_SERVICE"
@@ -37,9 +38,10 @@ OUTCOME_OF_STATUS = {200: "ok", 429: "rate_limited", 503: "rejected", 504: "time
 
 
 @dataclass(frozen=True)
-class ServiceConfig:
+class ServiceConfig(EnvConfig):
     """The service's limits, set by whoever starts it (the judge, your run.sh) through the INFRACOURSE_SERVICE
     environment variable, a JSON object of these fields; absent fields keep these defaults."""
+    env_var: ClassVar[str] = ENV
     seed: int = 0                  # the model's weights
     load_delay_s: float = 0.0      # the least time ServiceModel.load() takes (a large model's load)
     token_ms: float = 20.0         # the least time one generated token takes (a device's decode step)
@@ -48,18 +50,6 @@ class ServiceConfig:
     max_concurrency: int = 2       # requests generating at once
     max_queue: int = 6             # requests waiting for a generation slot; one more is refused (503)
     request_timeout_s: float = 10.0  # a request's deadline when its body names no timeout_s
-
-    @classmethod
-    def from_env(cls, environ=None) -> "ServiceConfig":
-        raw = (environ if environ is not None else os.environ).get(ENV, "")
-        values = json.loads(raw) if raw else {}
-        unknown = set(values) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"{ENV}: unknown field(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        return cls(**values)
-
-    def to_env(self) -> dict[str, str]:
-        return {ENV: json.dumps(asdict(self))}
 
 
 class ServiceModel:
