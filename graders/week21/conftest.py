@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -261,6 +263,15 @@ def phase_deploy(server: Server, seed: int) -> dict:
             "probes": probes, "v2_seen": any(s["version"] == "v2" for _, ss in samples for s in ss)}
 
 
+def short_scratch(tmp_path_factory, name: str) -> Path:
+    """A scratch folder whose socket path fits a Unix socket (grading.serving would otherwise pick another one,
+    and the journal or the fault's switch file the judge named would lie outside the sandbox's view)."""
+    scratch = tmp_path_factory.mktemp(name)
+    if len(str(scratch / "server.sock")) > 100:
+        scratch = Path(tempfile.mkdtemp(prefix="ic21-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    return scratch
+
+
 def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
     try:
         phases[name] = Phase(data=fn(server, *args))
@@ -275,7 +286,7 @@ def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
 @pytest.fixture(scope="session")
 def graded(learner, device, seed, tmp_path_factory) -> Graded:
     s = seed % 10_000
-    scratch = tmp_path_factory.mktemp("gw")
+    scratch = short_scratch(tmp_path_factory, "gw")
     journal = scratch / "journal.jsonl"
     v2_fault = V2_FAULTS[s % len(V2_FAULTS)]
     platform = {"journal": str(journal), "seed": s, "faults": {"drop_rate": DROP_RATE}, "versions": {"v2": v2_fault}}
@@ -283,10 +294,6 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
     phases: dict[str, Phase] = {}
     try:
         with serve(learner.root, "gateway:app", scratch=scratch, env=env, ready_timeout_s=90, device=device) as server:
-            journal = Path(server.uds).parent / "journal.jsonl"  # a short scratch folder may have replaced ours
-            if journal != scratch / "journal.jsonl":
-                raise LabCheckFailed("the grade's scratch folder path is too long for a Unix socket here; set a "
-                                     "shorter TMPDIR")
             _run(phases, "recovery", server, phase_recovery, s, journal)
             try:
                 claimed = read_capacity(learner)
@@ -396,7 +403,7 @@ def scenarios(device, seed, tmp_path_factory) -> list[Scenario]:
     out, servers = [], []
     try:
         for fault in order:
-            scratch = tmp_path_factory.mktemp(f"diag-{fault.split('_')[0]}")
+            scratch = short_scratch(tmp_path_factory, f"diag-{fault.split('_')[0]}")
             flag = scratch / "slow.flag"
             platform = {"seed": s, "faults": {"slow_file": str(flag)}}
             env = {**ps.platform_config(device).to_env(), ps.PLATFORM_ENV: json.dumps(platform)}
