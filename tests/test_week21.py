@@ -9,6 +9,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes
+from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +66,8 @@ VARIANTS = {
     # both classes in one queue, in arrival order: class B waits behind the whole flood
     "single shared queue": ("class-isolation", {"gateway.py": replace_once(
         "        self.queues[name].append(waiter)", "        self.queues[\"A\"].append(waiter)")}),
+    # a cost per request the run did not give (the grader prices its own rerun at the same device price)
+    "invented cost in the report": ("report", {"report.md": invented("usd_per_1k_requests", 2.0)}),
 }
 
 
@@ -81,3 +84,8 @@ def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
 
 def test_honest_gateway_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week21", edits={name: (HONEST / name).read_text() for name in ("gateway.py", "diagnose.py")})
+
+
+def test_report_in_other_words_passes(grade_lab):
+    _, checks = grade_lab("week21", edits={"report.md": reworded})
+    assert checks["report"].status == "passed", checks["report"].message

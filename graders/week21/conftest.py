@@ -32,7 +32,7 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Server, serve
+from infracourse.grading.serving import Phase, Server, serve
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import batching
 from infracourse.kit import platform_service as ps
@@ -48,17 +48,6 @@ ROLLBACK_WINDOW_S = 40.0         # after the deploy load, how long the judge wai
 V2_FAULTS = ({"error_rate": 0.6}, {"extra_step_ms": 75.0})   # errors, or each step 3x slower (25 ms floor)
 DROP_RATE = 0.5
 NEAR_TIE = 1e-4
-
-
-@dataclass
-class Phase:
-    failure: str | None = None
-    data: dict = field(default_factory=dict)
-
-    def get(self) -> dict:
-        if self.failure:
-            raise LabCheckFailed(self.failure)
-        return self.data
 
 
 @dataclass
