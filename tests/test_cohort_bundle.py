@@ -179,8 +179,8 @@ def test_malformed_bundle_is_refused_naming_file_and_fix(case, course, good, tmp
 
 
 def test_planned_week_is_unknown_to_the_course(good, tmp_path):
-    bad = rezip(tmp_path / "planned.zip", _manifest(good, week="week20"))
-    with pytest.raises(BundleError, match="week20 is planned: its lab is not built") as caught:
+    bad = rezip(tmp_path / "planned.zip", _manifest(good, week="week22"))
+    with pytest.raises(BundleError, match="week22 is planned: its lab is not built") as caught:
         read_bundle(bad, Course(REPO))
     assert caught.value.kind == "unknown-week"
 

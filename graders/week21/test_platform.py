@@ -3,9 +3,12 @@
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
+
+import infracourse
 
 from infracourse.guard import LabCheckFailed
 
@@ -14,9 +17,14 @@ from infracourse.guard import LabCheckFailed
 def test_image_builds_and_serves(learner, tmp_path):
     engine = shutil.which("docker") or shutil.which("podman")
     if not learner.path("Dockerfile").exists():
-        raise LabCheckFailed("Dockerfile is missing: write one that installs the course and serves gateway:app")
+        raise LabCheckFailed("Dockerfile is missing: write one that installs the course (./course of the build "
+                             "context) and serves gateway:app")
     tag = f"infracourse-week21-{int(time.time())}"
-    built = subprocess.run([engine, "build", "-t", tag, str(learner.root)], capture_output=True, text=True,
+    context = tmp_path / "context"  # the learner's files and the course package in ./course, as the handout says
+    shutil.copytree(learner.root, context, ignore=shutil.ignore_patterns("__pycache__", ".grade"))
+    shutil.copytree(Path(infracourse.__file__).parent, context / "course" / "infracourse",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([engine, "build", "-t", tag, str(context)], capture_output=True, text=True,
                            timeout=540)
     if built.returncode:
         raise LabCheckFailed(f"`{engine} build` failed: {built.stderr[-800:]}")
