@@ -15,6 +15,7 @@ What the server says about itself (/debug/state) is evidence, held against what 
 """
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import threading
@@ -26,7 +27,7 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Phase, Server, ServerFailed, serve
+from infracourse.grading.serving import Phase, Server, ServerFailed, run_phase, serve
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import batching
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
@@ -293,15 +294,7 @@ def phase_burst(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
     return {"specs": specs, "answers": answers, "samples": samples, "n": n}
 
 
-def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
-    try:
-        phases[name] = Phase(data=fn(server, *args))
-    except LabCheckFailed as exc:
-        phases[name] = Phase(failure=teach(server, str(exc)))
-    except Exception as exc:  # noqa: BLE001 - a phase the server broke: its checks fail, the others still run
-        server_state = "" if server.alive() else " (your server has exited)"
-        phases[name] = Phase(failure=teach(server, f"the judge's {name} phase could not complete{server_state}: "
-                                                   f"{type(exc).__name__}: {exc}"))
+_run = functools.partial(run_phase, teach=teach, who="server")  # one phase of the grade, into phases
 
 
 @pytest.fixture(scope="session")

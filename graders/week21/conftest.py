@@ -18,6 +18,7 @@ the version stamped in the chunks the service streams, and its own load generato
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -32,7 +33,7 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Phase, Server, serve
+from infracourse.grading.serving import Phase, Server, run_phase, serve
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import batching
 from infracourse.kit import platform_service as ps
@@ -261,15 +262,7 @@ def short_scratch(tmp_path_factory, name: str) -> Path:
     return scratch
 
 
-def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
-    try:
-        phases[name] = Phase(data=fn(server, *args))
-    except LabCheckFailed as exc:
-        phases[name] = Phase(failure=teach(server, str(exc)))
-    except Exception as exc:  # noqa: BLE001 - a phase the gateway broke: its checks fail, the others still run
-        dead = "" if server.alive() else " (your gateway has exited)"
-        phases[name] = Phase(failure=teach(server, f"the judge's {name} phase could not complete{dead}: "
-                                                   f"{type(exc).__name__}: {exc}"))
+_run = functools.partial(run_phase, teach=teach, who="gateway")  # one phase of the grade, into phases
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,21 @@ class Phase:
         return self.data
 
 
+def run_phase(phases: dict, name: str, server: "Server", fn, *args, teach=lambda server, what: what,
+              who: str = "server") -> None:
+    """phases[name] = what fn(server, *args) saw, or the failure its checks will report: a LabCheckFailed as
+    `teach(server, message)` words it, any other exception as a phase the learner's `who` broke (its checks
+    fail, the other phases still run)."""
+    try:
+        phases[name] = Phase(data=fn(server, *args))
+    except LabCheckFailed as exc:
+        phases[name] = Phase(failure=teach(server, str(exc)))
+    except Exception as exc:  # noqa: BLE001
+        dead = "" if server.alive() else f" (your {who} has exited)"
+        phases[name] = Phase(failure=teach(server, f"the judge's {name} phase could not complete{dead}: "
+                                                   f"{type(exc).__name__}: {exc}"))
+
+
 class ServerFailed(LabCheckFailed):
     """The learner's server did not start, or died while the judge was using it (the message has its log)."""
 

@@ -361,6 +361,8 @@ async def _lifespan(app):
 
 
 def _make_app():
+    from infracourse.kit.static_server import completion_chunk  # the course's one streamed-completion event
+
     api = FastAPI(lifespan=_lifespan)
 
     @api.get("/health")
@@ -379,13 +381,6 @@ def _make_app():
                 "waiting": len(s.waiting) + s.inbox.qsize(), "executed": s.executed, "replayed": s.replayed,
                 "attached": s.attached, "requests_total": s.requests_total, "finished_total": s.finished_total,
                 "steps_total": s.steps_total, "step_seconds_total": round(s.step_seconds_total, 6)}
-
-    def chunk(rid: str, version: str, text: str, finish: str | None = None, usage: dict | None = None) -> str:
-        body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": "kit-gpt",
-                "system_fingerprint": version, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
-        if usage:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
 
     @api.post("/v1/completions")
     async def completions(request: Request):
@@ -436,7 +431,7 @@ def _make_app():
                             while not r.done:  # the work completes and is journaled; its answer is lost
                                 await asyncio.sleep(0.002)
                             raise _drop(s, key)
-                        yield chunk(rid, s.version, chr(r.out[sent]))
+                        yield completion_chunk(rid, chr(r.out[sent]), fingerprint=s.version)
                         sent += 1
                     elif r.done:
                         break
@@ -446,7 +441,7 @@ def _make_app():
                     await q.get()
                 usage = {"prompt_tokens": len(prompt), "completion_tokens": sent,
                          "total_tokens": len(prompt) + sent}
-                yield chunk(rid, s.version, "", "length", usage)
+                yield completion_chunk(rid, "", "length", usage, fingerprint=s.version)
                 yield "data: [DONE]\n\n"
             finally:
                 try:

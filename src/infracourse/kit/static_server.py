@@ -123,9 +123,13 @@ async def state(request: Request):
             "waiting": len(e.waiting) + e.inbox.qsize()}
 
 
-def _chunk(rid: str, text: str, finish: str | None = None, usage: dict | None = None) -> str:
+def completion_chunk(rid: str, text: str, finish: str | None = None, usage: dict | None = None,
+                     fingerprint: str | None = None) -> str:
+    """One server-sent event of an OpenAI-style streamed completion (the course's servers all speak it)."""
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": "kit-gpt",
             "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    if fingerprint is not None:
+        body["system_fingerprint"] = fingerprint
     if usage:
         body["usage"] = usage
     return f"data: {json.dumps(body)}\n\n"
@@ -151,10 +155,10 @@ async def completions(request: Request):
     async def stream():
         try:
             for _ in range(max_tokens):
-                yield _chunk(rid, chr(await r.queue.get()))
+                yield completion_chunk(rid, chr(await r.queue.get()))
             usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
                      "total_tokens": len(prompt) + max_tokens}
-            yield _chunk(rid, "", "length", usage)
+            yield completion_chunk(rid, "", "length", usage)
             yield "data: [DONE]\n\n"
         finally:
             r.cancelled = True  # a disconnect: its slot idles until the batch ends, as static batching does
