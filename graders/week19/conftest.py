@@ -131,28 +131,27 @@ class Built:
     manifest: dict
 
 
-@pytest.fixture(scope="session")
-def built(harness, plan) -> Built:
-    """The grade's dataset (plan.spec) and the learner's manifest of it."""
-    root = harness.copy(plan.spec, "main")
+def manifest_of(harness, spec, name: str, what: str) -> Built:
+    """A copy of dataset `spec` (folder `name`) and the learner's manifest of it, checked."""
+    root = harness.copy(spec, name)
     with harness.storage(root) as server:
-        run = harness.run(server, plan.spec, {"task": "manifest"}, "build_manifest(storage)")
+        run = harness.run(server, spec, {"task": "manifest"}, "build_manifest(storage)")
     lines = run.results("manifest")
     if not lines:
         raise LabCheckFailed("build_manifest(storage) returned nothing the grader could read")
-    return Built(root, check_manifest(lines[0]["manifest"], plan.spec, root, f"build_manifest (seed {plan.seed})"))
+    return Built(root, check_manifest(lines[0]["manifest"], spec, root, what))
+
+
+@pytest.fixture(scope="session")
+def built(harness, plan) -> Built:
+    """The grade's dataset (plan.spec) and the learner's manifest of it."""
+    return manifest_of(harness, plan.spec, "main", f"build_manifest (seed {plan.seed})")
 
 
 @pytest.fixture(scope="session")
 def lab_built(harness) -> Built:
     """The handout's dataset (kit.datapipe.LAB) and the learner's manifest of it, for the timed checks."""
-    root = harness.copy(datapipe.LAB, "lab")
-    with harness.storage(root) as server:
-        run = harness.run(server, datapipe.LAB, {"task": "manifest"}, "build_manifest(storage)")
-    lines = run.results("manifest")
-    if not lines:
-        raise LabCheckFailed("build_manifest(storage) returned nothing the grader could read")
-    return Built(root, check_manifest(lines[0]["manifest"], datapipe.LAB, root, "build_manifest (the LAB dataset)"))
+    return manifest_of(harness, datapipe.LAB, "lab", "build_manifest (the LAB dataset)")
 
 
 def flat(batches) -> list[int]:
