@@ -89,14 +89,14 @@ def machine():
 
 @pytest.fixture
 def grade_lab(course, machine, tmp_path):
-    """grade_lab(week, source="solution"|"starter", edits={file: new_text or fn(old_text) -> new_text}).
+    """grade_lab(week, source="solution"|"starter", edits={file: new_text or fn(old_text) -> new_text}, track=None).
 
     Copies the lab's starter or solution into a fresh folder, stamps report.md with this machine's
     environment (a report is machine-specific), applies the edits, grades, and returns
-    (GradeResult, {check_id: CheckResult}).
+    (GradeResult, {check_id: CheckResult}). A project week (22-24) grades the project of `track`.
     """
-    def _grade(week, source="solution", edits=None, stamp=True):
-        lab = course.lab(week)
+    def _grade(week, source="solution", edits=None, stamp=True, track=None):
+        lab = course.lab(week, track=track)
         folder = tmp_path / f"{lab.spec.week}-{source}"
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(getattr(lab, source), folder)

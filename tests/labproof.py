@@ -4,10 +4,10 @@ docs/grading-times.md, not a timed assertion: a loaded CI machine must not turn 
 from __future__ import annotations
 
 
-def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = None) -> dict:
+def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = None, track: str | None = None) -> dict:
     """The solution (or, with `edits`, an honest variant of it) completes the week: every check passed or,
-    where this machine lacks the hardware, blocked."""
-    result, checks = grade_lab(week, edits=edits)
+    where this machine lacks the hardware, blocked. A project week (22-24) grades `track`'s project."""
+    result, checks = grade_lab(week, edits=edits, track=track)
     assert result.complete, {c.id: (c.status, c.message) for c in result.checks if c.status != "passed"}
     for check in checks.values():
         expected = "passed" if machine.satisfies(check.needs) else "blocked"
@@ -15,7 +15,7 @@ def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = N
     return checks
 
 
-def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict) -> None:
-    result, checks = grade_lab(week, edits=edits)
+def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict, track: str | None = None) -> None:
+    result, checks = grade_lab(week, edits=edits, track=track)
     assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
     assert not result.complete

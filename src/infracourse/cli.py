@@ -152,7 +152,7 @@ def _context(workspace: Optional[Path]):
     ws = Workspace.find(workspace or _global["workspace"])
     if ws.progress.notice:
         err.print(f"[yellow]note:[/yellow] {escape(ws.progress.notice)}")
-    return ws, Course()
+    return ws, Course(track=ws.track)
 
 
 def _week(course, ref: Optional[str], ws=None):

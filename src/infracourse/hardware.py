@@ -45,6 +45,10 @@ class Hardware:
             return container_engine() is not None
         if need == "k8s":
             return kubernetes_cluster() is not None
+        if need == "multi-node":
+            return multi_node() is not None
+        if need == "mlu":
+            return mlu_count() > 0
         raise ValueError(f"unknown hardware need {need!r}")
 
     def missing(self, need: str) -> str:
@@ -59,6 +63,12 @@ class Hardware:
         if need == "k8s":
             return ("needs a reachable Kubernetes cluster (`kubectl` with a context whose API server answers "
                     "/readyz); this machine has none: to be verified where one runs")
+        if need == "multi-node":
+            return ("needs several machines in one job (a Slurm allocation of 2+ nodes, or torchrun's "
+                    "MASTER_ADDR and NNODES >= 2 set); this is one machine: to be verified on a cluster")
+        if need == "mlu":
+            return ("needs a Cambricon MLU (torch_mlu with a device); this machine has none: to be verified on "
+                    "an MLU, never replaced by a simulated figure")
         n = need.split(":", 1)[1]
         return f"needs {n} CUDA GPUs; this machine has {self.gpu_count}"
 
@@ -139,6 +149,30 @@ def kubernetes_cluster() -> str | None:
         return None
     done = subprocess.run(["kubectl", "config", "current-context"], capture_output=True, text=True)
     return done.stdout.strip() or "default"
+
+
+def multi_node() -> str | None:
+    """What says this process runs in a job of several machines (Slurm nodes, or torchrun's node count), else
+    None. One machine with many GPUs is multi-gpu:N, not multi-node."""
+    env = os.environ
+    for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES", "NNODES", "PET_NNODES"):
+        if env.get(key, "").isdigit() and int(env[key]) >= 2:
+            return f"{key}={env[key]}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def mlu_count() -> int:
+    """Cambricon MLUs visible through torch_mlu (0 where torch_mlu is not installed, as on every machine here)."""
+    try:
+        import torch_mlu  # noqa: F401  (registers torch.mlu)
+        import torch
+    except Exception:
+        return 0
+    try:
+        return int(torch.mlu.device_count())
+    except Exception:
+        return 0
 
 
 def _module_version(name: str) -> str | None:

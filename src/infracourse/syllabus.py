@@ -48,7 +48,8 @@ class Week(_Strict):
     objectives: list[str] = Field(min_length=1)
     readings: list[Reading] = Field(default_factory=list)
     hours: float = Field(gt=0, description="Estimated hours of work (the syllabus suggests 8-12 a week).")
-    lab: str = Field(description="Folder under labs/ holding this week's lab, or 'planned' while unbuilt.")
+    lab: str = Field(description="Folder under labs/ holding this week's lab, 'planned' while unbuilt, or 'track': "
+                     "the direction project of the track the learner chose (curriculum/tracks/*.yaml).")
     acceptance: list[Criterion] = Field(default_factory=list)
 
     @field_validator("id")
@@ -66,11 +67,37 @@ class Week(_Strict):
     def planned(self) -> bool:
         return self.lab == "planned"
 
+    @property
+    def on_track(self) -> bool:
+        """The week grades the project of the learner's chosen track (weeks 22-24)."""
+        return self.lab == "track"
+
+
+class CompletionCriterion(_Strict):
+    """One of the course's completion criteria (003 §11) and the checks that back it."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    text: str = Field(description="The criterion in our own words.")
+    checks: list[str] = Field(min_length=1, description="'weekNN:check-id' entries; for the project weeks "
+                              "(22-24) the check id of the chosen track's project.")
+
+    @field_validator("checks")
+    @classmethod
+    def _week_check(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            week, _, check = entry.partition(":")
+            if not WEEK_ID.match(week) or not check:
+                raise ValueError(f"{entry!r} is not weekNN:check-id")
+        return value
+
 
 class Syllabus(_Strict):
     format_version: Literal[1] = Field(description="Bumped when a field changes meaning.")
     title: str
     weeks: list[Week]
+    completion: list[CompletionCriterion] = Field(
+        default_factory=list, description="What finishing the course means (003 §11), each criterion mapped to the "
+        "checks that back it; `infracourse status --completion` shows them.")
 
     @model_validator(mode="after")
     def _weeks_in_order(self) -> "Syllabus":
@@ -90,6 +117,29 @@ class Syllabus(_Strict):
         raise KeyError(f"no {wanted} in the syllabus (it has {self.weeks[0].id}..{self.weeks[-1].id})")
 
 
+class Track(_Strict):
+    """A direction of weeks 22-24 (curriculum/tracks/<id>.yaml): one project lab, graded in three stages."""
+
+    format_version: Literal[1]
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="What `infracourse track choose` takes.")
+    title: str
+    summary: str = Field(description="What the project is, in two or three sentences.")
+    lab: str = Field(description="The project's folder under labs/ (its graders in graders/<lab>).")
+    weeks: dict[str, list[str]] = Field(description="week22/week23/week24 -> the project checks that week adds; "
+                                        "a week grades its own checks and every earlier week's.")
+
+    @field_validator("weeks")
+    @classmethod
+    def _project_weeks(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        if sorted(value) != ["week22", "week23", "week24"]:
+            raise ValueError(f"weeks must map week22, week23 and week24 (got {sorted(value)})")
+        return value
+
+    def checks_until(self, week_id: str) -> list[str]:
+        """The checks a grade of `week_id` runs: that week's and every earlier project week's."""
+        return [c for week in sorted(self.weeks) if week <= week_id for c in self.weeks[week]]
+
+
 def normalise_week(ref: str | int) -> str:
     text = str(ref).strip().lower()
     match = re.fullmatch(r"(?:week|w)?0*(\d{1,2})", text)
@@ -99,7 +149,12 @@ def normalise_week(ref: str | int) -> str:
 
 
 # ---------------------------------------------------------------- lab.yaml
-Need = str  # "cpu", "cuda", "multi-gpu:N", "docker" (a container engine) or "k8s" (a Kubernetes cluster)
+Need = str  # "cpu", "cuda", "multi-gpu:N", "multi-node", "docker" (a container engine), "k8s" (a cluster), "mlu"
+NEEDS_TEXT = "'cpu', 'cuda', 'multi-gpu:N' (N from 2 to 9), 'multi-node', 'docker', 'k8s' or 'mlu'"
+
+
+def valid_need(value: str) -> bool:
+    return value in ("cpu", "cuda", "multi-node", "docker", "k8s", "mlu") or bool(re.fullmatch(r"multi-gpu:[2-9]", value))
 
 
 class Check(_Strict):
@@ -107,8 +162,10 @@ class Check(_Strict):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str = Field(description="One line a learner reads in the results table.")
-    needs: Need = Field(default="cpu", description="'cpu', 'cuda', 'multi-gpu:N', 'docker' or 'k8s': what the check needs.")
-    kind: Literal["correctness", "performance", "report"] = "correctness"
+    needs: Need = Field(default="cpu", description=f"{NEEDS_TEXT}: what the check needs.")
+    kind: Literal["correctness", "performance", "report", "estimate"] = Field(
+        default="correctness", description="'estimate': the learner computes a number before measuring it; the "
+        "check verifies the formula, then the measurement against it (grading.estimate).")
     timeout_s: float = Field(default=120, gt=0, description="Wall-clock limit for this check alone.")
     threshold: float | None = Field(
         default=None, description="Target the check compares with (fraction of a ceiling, ratio, ...)."
@@ -121,8 +178,8 @@ class Check(_Strict):
     @field_validator("needs")
     @classmethod
     def _known_need(cls, value: str) -> str:
-        if value not in ("cpu", "cuda", "docker", "k8s") and not re.fullmatch(r"multi-gpu:[2-9]", value):
-            raise ValueError(f"needs {value!r}: use 'cpu', 'cuda', 'multi-gpu:N' (N from 2 to 9), 'docker' or 'k8s'")
+        if not valid_need(value):
+            raise ValueError(f"needs {value!r}: use {NEEDS_TEXT}")
         return value
 
 
@@ -195,6 +252,8 @@ class Lab(_Strict):
     checks: list[Check] = Field(min_length=1)
     report: Report | None = Field(default=None, description="The report, if the lab asks for one: its file alone "
                                   "(`report: report.md`) or a mapping (see Report).")
+    later: list[str] = Field(default_factory=list, description="Set by the engine, never in lab.yaml: checks of a "
+                             "track project that a later project week grades (their grader tests are left out).")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Lab":
@@ -262,5 +321,16 @@ def load_lab(path: Path) -> Lab:
         raise _explain(path, exc) from None
 
 
+def load_track(path: Path) -> Track:
+    try:
+        track = Track.model_validate(_read_yaml(path))
+    except ValidationError as exc:
+        raise _explain(path, exc) from None
+    if track.id != path.stem:
+        raise CourseFileError(f"{path}: id is {track.id!r}; name the file {track.id}.yaml or change the id")
+    return track
+
+
 def json_schema() -> dict:
-    return {"syllabus.yaml": Syllabus.model_json_schema(), "lab.yaml": Lab.model_json_schema()}
+    return {"syllabus.yaml": Syllabus.model_json_schema(), "lab.yaml": Lab.model_json_schema(),
+            "tracks/*.yaml": Track.model_json_schema()}

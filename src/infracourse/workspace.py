@@ -1,7 +1,9 @@
 """The learner's workspace: where it is, unlocking weeks (copying starters), and resetting them.
 
-Layout: `<root>/.infracourse/config.yaml` and `progress.db` (+ its backup `progress.db.bak`); each unlocked week
-in `<root>/weekNN/`, whose `.grade/` holds what the tool generated (`result.json`: the last grade, plots).
+Layout: `<root>/.infracourse/config.yaml` (with the chosen `track`) and `progress.db` (+ its backup
+`progress.db.bak`); each unlocked week in `<root>/weekNN/`, whose `.grade/` holds what the tool generated
+(`result.json`: the last grade, plots). Weeks 22-24 share one folder, `<root>/project/`: the chosen track's
+project grows over the three weeks (each week's last grade still lands in `weekNN/.grade/`).
 Commands find the workspace like git finds a repository: `--workspace`, then INFRACOURSE_WORKSPACE, then the
 current folder and its parents.
 """
@@ -28,6 +30,7 @@ MARKER = ".infracourse"
 HANDOUT = "README.md"
 GENERATED = ".grade"  # per week: files the tool writes (last result, plots); never the learner's work
 WEEK_FOLDER = re.compile(r"week\d\d")
+PROJECT = "project"  # the folder of the direction project (weeks 22-24)
 
 
 class WorkspaceError(Exception):
@@ -57,6 +60,8 @@ class Workspace:
         """The database was lost with no backup: unlocks come back from the week folders, and each week's last
         grade from its .grade/result.json. What cannot come back is said in progress.notice."""
         weeks = sorted(p.name for p in self.root.iterdir() if p.is_dir() and WEEK_FOLDER.fullmatch(p.name))
+        if (self.root / PROJECT).is_dir() and "week22" not in weeks:
+            weeks.append("week22")  # the project was started; later project weeks come back from their grades
         grades = 0
         for week in weeks:
             self.progress.unlock(week)
@@ -99,15 +104,45 @@ class Workspace:
                              "inside DIR (or pass --workspace DIR, or set INFRACOURSE_WORKSPACE)")
 
     def week_dir(self, week: Week) -> Path:
-        return self.root / week.id
+        return self.root / (PROJECT if week.on_track else week.id)
 
     def week_here(self, cwd: Path | None = None) -> str | None:
-        """The week whose folder the current directory is in (`infracourse grade` inside week07/), or None."""
+        """The week whose folder the current directory is in (`infracourse grade` inside week07/), or None;
+        inside project/, the latest project week unlocked."""
         try:
             parts = (cwd or Path.cwd()).resolve().relative_to(self.root).parts
         except ValueError:
             return None
+        if parts and parts[0] == PROJECT:
+            project = sorted(w for w in self.progress.unlocked() if w in ("week22", "week23", "week24"))
+            return project[-1] if project else None
         return parts[0] if parts and WEEK_FOLDER.fullmatch(parts[0]) else None
+
+    # ------------------------------------------------------------ the direction track
+    @property
+    def track(self) -> str | None:
+        """The track chosen for weeks 22-24 (`infracourse track choose`), or None."""
+        config = yaml.safe_load((self.meta / "config.yaml").read_text()) or {}
+        return config.get("track")
+
+    def choose_track(self, course: Course, track_id: str) -> Path | None:
+        """Record the learner's track. A project already started under another track is moved aside to
+        project-<old track>/ (returned), never deleted; the new track's starter arrives at the next unlock."""
+        course.track(track_id)  # an unknown name fails here, naming the tracks
+        path = self.meta / "config.yaml"
+        config = yaml.safe_load(path.read_text()) or {}
+        old, moved = config.get("track"), None
+        if old and old != track_id and (self.root / PROJECT).exists():
+            moved = self.root / f"{PROJECT}-{old}"
+            if moved.exists():
+                moved = self.root / f"{PROJECT}-{old}-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(self.root / PROJECT, moved)
+        config["track"] = track_id
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config))
+        os.replace(tmp, path)
+        course.track_id = track_id
+        return moved
 
     def save_result(self, result: GradeResult) -> None:
         """Keep the last grade beside the week's files too: the database can be rebuilt from these."""
@@ -120,10 +155,10 @@ class Workspace:
     # ------------------------------------------------------------ unlocking
     def unlock(self, course: Course, week: Week) -> UnlockReport:
         """Open a week: copy its starter files and handout, never overwriting a file the learner changed."""
-        newly = self.progress.unlock(week.id)
         if week.planned:
-            return UnlockReport(week=week, folder=None, newly_unlocked=newly)
-        lab = course.lab(week)
+            return UnlockReport(week=week, folder=None, newly_unlocked=self.progress.unlock(week.id))
+        lab = course.lab(week)  # a project week without a chosen track stops here, still locked
+        newly = self.progress.unlock(week.id)
         folder = self.week_dir(week)
         report = UnlockReport(week=week, folder=folder, newly_unlocked=newly)
         for source, name in _lab_files(lab):

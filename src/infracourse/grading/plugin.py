@@ -84,6 +84,9 @@ class _Session:
         keep, deselected, owner = [], [], {}
         for item in items:
             marker = item.get_closest_marker("check")
+            if marker is not None and marker.args and marker.args[0] in self.lab.later:
+                deselected.append(item)  # a track project's check that a later project week grades
+                continue
             if marker is None or not marker.args or marker.args[0] not in known:
                 name = marker.args[0] if marker and marker.args else None
                 raise pytest.UsageError(f"{item.nodeid}: grader test names check {name!r}, which lab.yaml does not "
