@@ -331,3 +331,59 @@ def serve(learner_dir: Path, app: str = "server:app", *, scratch: Path, env: dic
         server.require_alive("while the judge was using it")
     finally:
         stop(server)
+
+
+# A learner's supervisor of a course service (weeks 21-24): the judge finds the service's processes in the
+# learner's process tree, kills one, and clocks on its own clock when a new one answers. ------------------------
+def course_services(server: Server, marker: str = "platform_service",
+                    version_env: str = "INFRACOURSE_VERSION") -> list[dict]:
+    """The course service processes under the learner's server (their command line names `marker`): pid,
+    version (from the process's environment, "v1" when unset), the socket it serves (--uds), its start time."""
+    import psutil
+
+    out = []
+    try:
+        tree = psutil.Process(server.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return out
+    for p in tree:
+        try:
+            cmd = p.cmdline()
+            if p.status() == psutil.STATUS_ZOMBIE or not any(marker in a for a in cmd):
+                continue
+            uds = cmd[cmd.index("--uds") + 1] if "--uds" in cmd else ""
+            out.append({"pid": p.pid, "version": p.environ().get(version_env) or "v1", "uds": uds,
+                        "created": p.create_time()})
+        except (psutil.Error, ValueError, IndexError):
+            continue
+    return out
+
+
+def kill_and_clock(server: Server, victim: dict, *, after_s: float, window_s: float, out: dict,
+                   marker: str = "platform_service") -> None:
+    """(A thread's target.) After `after_s`, SIGKILL the course service `victim` (a course_services entry), then
+    until `window_s` has passed, look for a new service process of the same version answering GET /health.
+    Fills `out`: "killed" (perf_counter), "ready_s" and "new" once one answers, or "error" if the kill failed."""
+    import asyncio
+
+    import psutil
+
+    from infracourse.kit.platform_service import probe
+
+    time.sleep(after_s)
+    try:
+        psutil.Process(victim["pid"]).kill()
+    except psutil.Error as exc:
+        out["error"] = str(exc)
+        return
+    killed = time.perf_counter()
+    out["killed"] = killed
+    while time.perf_counter() - killed < window_s:
+        fresh = [s for s in course_services(server, marker) if s["pid"] != victim["pid"]
+                 and s["version"] == victim["version"]]
+        for s in fresh:
+            if s["uds"] and asyncio.run(probe(s["uds"], "/health"))[0] == 200:
+                out["ready_s"] = time.perf_counter() - killed
+                out["new"] = s
+                return
+        time.sleep(0.02)

@@ -79,6 +79,24 @@ CAPACITY_GOODPUT_FRACTION = 0.99                     # capacity: the highest rat
 DEVICE_PRICE_PER_HOUR = 2.0                          # dollars per device hour, idle time paid too
 
 
+# Two request classes (the platform track of weeks 22-24): the judge's class limits for a learner's gateway ------
+CLASSES_ENV = "INFRACOURSE_CLASSES"                  # JSON of these limits, set by whoever starts the gateway
+CLASS_NAMES = ("interactive", "batch")               # body["request_class"]; none means interactive
+CLASS_LIMITS = {"batch_slots": 2,                    # at most this many batch requests at the service at once
+                "batch_queue": 8,                    # batch requests waiting beyond that: the next is refused (429)
+                "interactive_queue": 16}             # interactive requests waiting: the next is refused (429)
+
+
+def class_limits(environ=None) -> dict:
+    """The class limits from INFRACOURSE_CLASSES (CLASS_LIMITS where unset; unknown keys refused by name)."""
+    raw = (os.environ if environ is None else environ).get(CLASSES_ENV, "")
+    given = json.loads(raw) if raw else {}
+    unknown = set(given) - set(CLASS_LIMITS)
+    if unknown:
+        raise ValueError(f"{CLASSES_ENV}: unknown limit(s) {sorted(unknown)}; known: {sorted(CLASS_LIMITS)}")
+    return {**CLASS_LIMITS, **given}
+
+
 def platform_config(device: str = "cpu"):
     """The engine limits of week 21: 4 sequences at once, a 25 ms step floor on a CPU."""
     from infracourse.kit.batching import ServeConfig
