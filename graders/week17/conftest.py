@@ -337,8 +337,9 @@ def static_server(device, tmp_path_factory):
         yield server
 
 
-def output_throughput(server: Server, seed: int, who: str) -> float:
-    """The load point through `server`, the judge's clock: output tokens of successful requests per second."""
+def load_point(server: Server, seed: int, who: str) -> dict:
+    """The load point through `server`, the judge's clock: kit.loadgen metrics (output_throughput: output tokens
+    of successful requests per second; ttft_ms percentiles)."""
     records, duration = server.load(batching.bench_specs(seed), concurrency=batching.BENCH_CONCURRENCY,
                                     timeout_s=60.0)
     metrics = compute_metrics(records, duration)
@@ -347,7 +348,7 @@ def output_throughput(server: Server, seed: int, who: str) -> float:
         if who == "static":
             raise RuntimeError(f"the course's static-batching baseline: {message}; a course bug, please report it")
         raise LabCheckFailed(f"the load point, measured again: {message}")
-    return metrics["output_throughput"]
+    return metrics
 
 
 def median(values):
