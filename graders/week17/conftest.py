@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
 import statistics
 import threading
 import time
@@ -134,6 +135,20 @@ def first_non_greedy_expected(model, prompt, tokens, position) -> int:
     return int(model(torch.tensor([prompt + tokens[:position]]))[0, -1].float().argmax())
 
 
+def device_memory_mb(server: Server) -> float | None:
+    """GPU memory the server's processes hold, MiB, as the driver reports it (nvidia-smi, after the load: the
+    caching allocator keeps its peak); None on a CPU run or where the driver lists no process of the server."""
+    try:
+        pids = {server.proc.pid, *(c.pid for c in psutil.Process(server.proc.pid).children(recursive=True))}
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError, psutil.NoSuchProcess):
+        return None
+    used = [float(mb) for pid, mb in (line.split(",") for line in out.splitlines() if line.count(",") == 1)
+            if pid.strip().isdigit() and int(pid) in pids]
+    return sum(used) if used else None
+
+
 def peak_rss_mb(server: Server) -> float:
     """The largest peak resident set (VmHWM) among the server's processes, MiB: the uvicorn Python process."""
     peak = 0
@@ -177,7 +192,8 @@ def phase_load(server: Server, seed: int) -> dict:
     idle, waited = wait_idle(server, batching.bench_config().num_blocks, 2.0)
     metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
     return {"specs": specs, "records": records, "duration_s": duration, "metrics": metrics, "samples": samples,
-            "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server)}
+            "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server),
+            "device_mb": device_memory_mb(server)}
 
 
 def phase_starvation(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:

@@ -28,5 +28,7 @@ def test_greedy_outputs(served, judge_model, record):
                "goodput": m["request_goodput"], "failure rate": m["failed"] / len(records),
                "peak rss": load["rss_mb"], "usd per 1k requests": cost["usd_per_1k_requests"],
                "usd per 1m output tokens": cost["usd_per_1m_output_tokens"]}
+    if load["device_mb"] is not None:
+        figures["device memory"] = load["device_mb"]  # the server's GPU memory, as the driver reports it
     for name, value in figures.items():
         record(name, value)
