@@ -1,0 +1,100 @@
+"""The Cambricon track (weeks 22-24) proves its grader: the solution passes week 22 with only that week's checks
+and week 24 with all of them (the MLU checks blocked, to be verified), the starter fails teaching, each wrong
+variant fails its check, and an honest solution in another style (tests/fixtures/track-cambricon-honest) passes."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes, assert_variant_fails
+
+pytestmark = pytest.mark.slow
+
+TRACK = "cambricon"
+MLU_CHECKS = ("mlu-precision", "mlu-latency", "mlu-memory")
+HONEST = Path(__file__).parent / "fixtures" / "track-cambricon-honest"
+
+
+def test_week22_grades_the_reference_alone(grade_lab, machine, course):
+    checks = assert_solution_passes(grade_lab, machine, "week22", track=TRACK)
+    assert set(checks) == set(course.track(TRACK).weeks["week22"])
+
+
+def test_week24_solution_passes_and_the_mlu_checks_are_to_be_verified(grade_lab, machine):
+    checks = assert_solution_passes(grade_lab, machine, "week24", track=TRACK)
+    for check in MLU_CHECKS:
+        if not machine.satisfies("mlu"):
+            assert checks[check].status == "blocked"
+            assert "to be verified on an MLU" in checks[check].message
+
+
+def test_starter_fails_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week24", source="starter", stamp=False, track=TRACK)
+    assert not result.complete
+    for check, words in {"reference-run": "write reference.capture", "harness-clean": "write harness.compare",
+                         "harness-flags-perturbed": "write harness.compare", "op-list": "write ops.traced_ops",
+                         "device-memory-estimate": "write estimates.weight_bytes",
+                         "call-chain": "one entry per op", "reference-raw-data": "python run.py --out raw",
+                         "failure-case": "python run.py --out raw"}.items():
+        assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
+        assert words in checks[check].message, (check, checks[check].message)
+    for check in ("environment-pinned", "run-command", "report"):
+        assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
+
+
+HARNESS_VARIANTS = {
+    # one tolerance for every dtype, loose enough for bfloat16: a float32 layer computed in bf16 passes
+    "a tolerance that ignores the dtype": ("harness-flags-perturbed", replace_once(
+        "TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}",
+        "TOLERANCE = {torch.float32: 1e-2, torch.bfloat16: 1e-2, torch.float16: 1e-2}")),
+    # only the logits are judged: in an isolated run the final output never sees a broken layer
+    "judges only the final output": ("harness-flags-perturbed", replace_once(
+        "    first = next(", "    for layer in layers[:-1]:\n        layer[\"ok\"] = True\n    first = next(")),
+    # bit for bit: a correct port with other kernels rounds differently and is flagged
+    "no tolerance at all": ("harness-clean", replace_once(
+        '"ok": max_abs <= TOLERANCE[device.dtype] * scale}', '"ok": max_abs == 0}')),
+}
+
+
+@pytest.mark.parametrize("name", HARNESS_VARIANTS)
+def test_wrong_harness_fails_its_check(grade_lab, name):
+    check, edit = HARNESS_VARIANTS[name]
+    assert_variant_fails(grade_lab, "week23", check, {"harness.py": edit}, track=TRACK)
+
+
+def test_op_list_missing_the_view_ops_fails(grade_lab):
+    edit = replace_once('if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)',
+                        'if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)\n'
+                        '                                    and "view" not in str(node.target)')
+    assert_variant_fails(grade_lab, "week23", "op-list", {"ops.py": edit}, track=TRACK)
+
+
+def test_report_with_a_simulated_mlu_latency_fails(grade_lab):
+    edit = replace_once("failure_max_abs_error: 2.86e-4\n", "failure_max_abs_error: 2.86e-4\nmlu_forward_ms: 1.9\n")
+    assert_variant_fails(grade_lab, "week24", "report", {"report.md": edit}, track=TRACK)
+
+
+def test_lock_that_disagrees_with_the_environment_fails(grade_lab):
+    import torch
+
+    edit = replace_once(f"torch=={torch.__version__}\n", "torch==2.1.0\n")
+    assert_variant_fails(grade_lab, "week22", "environment-pinned", {"requirements.lock": edit}, track=TRACK)
+
+
+def test_honest_solution_in_another_style_passes(grade_lab, machine, tmp_path):
+    """Every file of the fixture replaces the solution's; its own run writes the raw data it ships."""
+    work = tmp_path / "honest-run"
+    shutil.copytree(HONEST, work)
+    subprocess.run([sys.executable, "run.py", "--out", "raw"], cwd=work, check=True, capture_output=True, timeout=120)
+    edits = {f.name: f.read_text() for f in HONEST.iterdir() if f.is_file()}
+    edits.update({f"raw/{f.name}": f.read_text() for f in (work / "raw").iterdir()})
+    failure = json.loads((work / "raw" / "failure.json").read_text())["result"]
+    first = next(layer for layer in failure["layers"] if layer["name"] == failure["first_divergent"])
+    edits["report.md"] = replace_once("failure_max_abs_error: 2.86e-4\n",
+                                      f"failure_max_abs_error: {first['max_abs']:.6g}\n")
+    checks = assert_solution_passes(grade_lab, machine, "week24", edits=edits, track=TRACK)
+    assert checks["harness-flags-perturbed"].status == "passed"
