@@ -1,0 +1,120 @@
+"""The project's one command: `python run.py --out raw`.
+
+Measures, on this machine's device at kit.hotspot.project_size(device), the course GPT's training step with its
+own unfused RMSNorm (baseline) and with fused_norm.rms_norm (optimised): step time, one norm's forward +
+backward, kernel launches and copies per step, the norm's share and the Amdahl bound; MFU of the baseline step;
+a profile of the baseline step; and the shapes where the fused operator loses. Writes raw/*.json.
+"""
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from estimates import model_flops_per_step
+from fused_norm import rms_norm
+from infracourse import bench
+from infracourse.kit import hotspot
+from infracourse.kit.gpt import synthetic_batch
+from infracourse.kit.probes import ForwardBackward, GPTTrainer
+
+# (rows, cols) where a fused operator may lose: very narrow rows, one tiny row (and, on a GPU, the model's shape)
+FAILURE_CANDIDATES = {"cpu": [(1 << 19, 2), (1 << 17, 8), (1, 128)], "cuda": [(1 << 20, 16), (1, 64), (8192, 1024)]}
+
+
+def time_step(trainer, size, device):
+    batches = itertools.cycle([synthetic_batch(size.config, size.batch, seed=i, device=device) for i in range(8)])
+    return hotspot.timed_seconds(bench.measure(trainer, make_args=lambda: next(batches)))
+
+
+def norm_inputs(rows, cols, dtype, device):
+    def make():
+        x = torch.randn(rows, cols, device=device).to(dtype)
+        weight = (1 + 0.5 * torch.randn(cols, device=device)).to(dtype)
+        return x, weight, torch.randn(rows, cols, device=device).to(dtype)
+    return make
+
+
+def time_norm(fn, rows, cols, dtype, device, budget_s=1.0):
+    timing = bench.measure(ForwardBackward(fn, hotspot.EPS), make_args=norm_inputs(rows, cols, dtype, device),
+                           budget_s=budget_s)
+    return hotspot.timed_seconds(timing)  # on a CPU the fastest tenth of the calls, as the grader takes it
+
+
+def measure(norm_fn, size, device):
+    """Step time, one norm's time and the step's launches and copies, with norm_fn (None: the unfused norm)."""
+    trainer = GPTTrainer(size.config, norm_fn, seed=0, device=device, dtype=size.dtype)
+    step_s = time_step(trainer, size, device)
+    norm_s = time_norm(norm_fn or hotspot.unfused_rms_norm, *size.norm_shape, size.dtype, device)
+    counts = hotspot.count_call(trainer, *synthetic_batch(size.config, size.batch, seed=99, device=device))
+    return trainer, {"step_ms": step_s * 1e3, "norm_ms": norm_s * 1e3, "launches_per_step": counts.launches,
+                     "copies_per_step": counts.copies}
+
+
+def profile_step(trainer, size, device, out):
+    """A Chrome trace and a table of the ops of one baseline step (after the timed warm steps)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    idx, targets = synthetic_batch(size.config, size.batch, seed=100, device=device)
+    with profile(activities=activities) as prof:
+        trainer(idx, targets)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(str(out / "trace.json"))
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+    rows = [{"name": e.key, "self_ms": e.self_cpu_time_total / 1e3, "total_ms": e.cpu_time_total / 1e3,
+             "calls": e.count} for e in events]
+    (out / "profile.json").write_text(json.dumps({"rows": rows}, indent=1))
+
+
+def peak_tflops(device):
+    if device == "cuda":
+        from infracourse.hardware import calibrate, detect
+        return calibrate(detect()).matmul_tflops["bfloat16"]
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    return 2 * 512**3 / bench.measure(torch.mm, make_args=lambda: (a, b), budget_s=0.5).p10_s / 1e12  # a peak
+
+
+def failure_cases(size, device):
+    cases = []
+    for rows, cols in FAILURE_CANDIDATES[device]:
+        unfused = time_norm(hotspot.unfused_rms_norm, rows, cols, size.dtype, device, budget_s=0.3)
+        fused = time_norm(rms_norm, rows, cols, size.dtype, device, budget_s=0.3)
+        cases.append({"rows": rows, "cols": cols, "dtype": str(size.dtype).removeprefix("torch."),
+                      "unfused_ms": unfused * 1e3, "fused_ms": fused * 1e3, "speedup": unfused / fused})
+    return cases
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="raw", help="folder for the raw data")
+    out = Path(parser.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hotspot.timing_threads(device)  # one thread on a CPU, as the grader times
+    size = hotspot.project_size(device)
+    stamp = {"device": device, "config": size.describe(), "torch": torch.__version__}
+
+    trainer, base = measure(None, size, device)
+    base["norm_share"] = hotspot.hotspot_share(base["norm_ms"], base["step_ms"], size)
+    profile_step(trainer, size, device, out)
+    _, mine = measure(rms_norm, size, device)
+    mine["operator_speedup"] = base["norm_ms"] / mine["norm_ms"]
+    mine["end_to_end_speedup"] = base["step_ms"] / mine["step_ms"]
+    mine["amdahl_bound"] = hotspot.amdahl_bound(base["norm_share"], mine["operator_speedup"])
+    flops = model_flops_per_step(size.describe(), size.tokens)
+    base["model_flops_per_step"] = flops
+    base["peak_tflops"] = peak_tflops(device)
+    base["mfu"] = flops / (base["step_ms"] / 1e3 * base["peak_tflops"] * 1e12)
+    cases = failure_cases(size, device)
+    worst = min(cases, key=lambda c: c["speedup"])
+
+    (out / "baseline.json").write_text(json.dumps({**stamp, **base}, indent=1))
+    (out / "optimised.json").write_text(json.dumps({**stamp, **mine}, indent=1))
+    (out / "failure.json").write_text(json.dumps({**stamp, "cases": cases, "regression": worst}, indent=1))
+    print(json.dumps({"baseline": base, "optimised": mine, "regression": worst}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

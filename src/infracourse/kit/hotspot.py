@@ -1,0 +1,165 @@
+"""The NVIDIA track's project (weeks 22-24): what one operator costs inside a training step of the course GPT,
+and what making it faster can and cannot change.
+
+Course code, frozen: the judge measures with it, and a learner's run.py may use it too (the same sizes, the
+same way of counting). Learner code never runs in the judge: the learner's norm is timed and counted in the
+grading worker (kit.probes), and what comes back is evidence the judge checks against its own measurement.
+
+    size = project_size("cpu")                      # the GPT, batch and dtype the project measures on a device
+    share = hotspot_share(op_s, step_s, size)       # norms per step x one norm's forward + backward / step
+    amdahl_bound(share, speedup)                    # the best step speed-up an operator speed-up allows
+    counts_of(record)                               # kernel launches and copies a watched call made
+    model_flops_per_step(cfg, tokens)               # the reference formula of the MFU estimate
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from infracourse.kit.gpt import GPTConfig, RMSNorm
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class ProjectSize:
+    """The model, batch and dtype the project measures on one kind of device."""
+
+    config: GPTConfig
+    batch: int
+    dtype: torch.dtype
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.config.seq_len
+
+    @property
+    def norm_shape(self) -> tuple[int, int]:
+        """(rows, hidden) of one norm's activation in a step."""
+        return self.tokens, self.config.d_model
+
+    @property
+    def norms_per_step(self) -> int:
+        return 2 * self.config.n_layer + 1  # two per block and the final one
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self.config), "batch": self.batch, "dtype": str(self.dtype).removeprefix("torch.")}
+
+
+# CPU: small enough that a step takes milliseconds on two shared cores. CUDA: week 10's end-to-end model,
+# big enough that a step is not pure launch overhead.
+SIZES = {
+    "cpu": ProjectSize(GPTConfig(vocab_size=256, seq_len=64, d_model=128, n_head=4, n_layer=2), 4, torch.float32),
+    "cuda": ProjectSize(GPTConfig(vocab_size=256, seq_len=1024, d_model=1024, n_head=16, n_layer=4), 8,
+                        torch.bfloat16),
+}
+
+
+def project_size(device: str) -> ProjectSize:
+    return SIZES["cuda" if str(device).startswith("cuda") else "cpu"]
+
+
+def timing_threads(device: str) -> int:
+    """One intra-op thread on a CPU, for every timing of the project (the judge's, the worker's and run.py's):
+    on a few cores shared with other work, an op split over threads waits for whichever thread is descheduled,
+    and a 0.2 ms norm then takes 20 ms. A GPU's timings are left as they are. Returns the threads now used."""
+    if not str(device).startswith("cuda"):
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
+def timed_seconds(timing) -> float:
+    """The figure the project compares, from a bench.Timing: on a GPU its `seconds` (never less than the
+    device-wide clock saw); on a CPU the fastest tenth of its calls (p10), which other work on a shared machine
+    disturbs least, taken alike for both sides of every comparison."""
+    return timing.seconds if timing.device != "cpu" else timing.p10_s
+
+
+def unfused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """The course GPT's own norm (kit.gpt.RMSNorm without a norm_fn: upcast, five ops, downcast), as a function
+    of (x, weight, eps): the baseline every operator is compared with."""
+    module = RMSNorm(x.shape[-1], eps=eps).to(x.device)
+    return torch.func.functional_call(module, {"weight": weight}, (x,))
+
+
+def hotspot_share(norm_seconds: float, step_seconds: float, size: ProjectSize) -> float:
+    """The norm's share of a step: its forward + backward time at the model's shape, times the norms a step
+    runs, over the whole step's time (at most 1)."""
+    return min(size.norms_per_step * norm_seconds / step_seconds, 1.0)
+
+
+def amdahl_bound(share: float, speedup: float) -> float:
+    """1 / ((1 - s) + s / k): the step speed-up when only the share s of it gets k times faster."""
+    return 1.0 / ((1.0 - share) + share / speedup)
+
+
+# ---------------------------------------------------------------- launches and copies
+COPY_OPS = frozenset({"copy_", "_to_copy", "clone", "_copy_from", "_copy_from_and_resize", "contiguous",
+                      "_reshape_copy"})
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a watched call made: kernel launches (torch compute ops dispatched, each one or more kernels on a
+    GPU, plus Triton launches) and copies (dtype casts, clones, .contiguous())."""
+
+    launches: int
+    copies: int
+
+
+def counts_of(record) -> Counts:
+    """Counts of a guard.CallRecord (a call watched by guard.watch_call, here or in the worker)."""
+    from infracourse.guard import op_effect
+
+    copies = sum(op in COPY_OPS for op in record.ops)
+    computes = sum(op_effect(op) == "compute" for op in record.ops)
+    return Counts(launches=computes + copies + len(record.kernels), copies=copies)
+
+
+def count_call(fn: Callable, *args) -> Counts:
+    """Launches and copies of fn(*args) run here (course code only: the judge's baseline, a learner's run)."""
+    from infracourse.guard import watch_call
+
+    with watch_call(poison=False, inputs=args) as record:
+        fn(*args)
+    return counts_of(record)
+
+
+# ---------------------------------------------------------------- model FLOPs and MFU
+def model_flops_per_step(cfg: GPTConfig, tokens: int) -> int:
+    """FLOPs of one training step (forward + backward = 3 x forward) of the course GPT over `tokens` tokens.
+
+    Matmuls per token, forward: 2 x (weights of qkv, proj, up, down per layer, and the tied head). Attention per
+    token and layer, forward: QK^T and AV over seq_len keys, 2 x 2 x seq_len x d_model (full, causal or not)."""
+    C, L, T = cfg.d_model, cfg.n_layer, cfg.seq_len
+    kv = cfg.kv_heads * cfg.head_dim
+    weights = L * (C * (C + 2 * kv) + C * C + 2 * cfg.mlp_ratio * C * C) + C * cfg.vocab_size
+    attention = L * 4 * T * C
+    return 3 * tokens * (2 * weights + attention)
+
+
+def counted_flops(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> tuple[int, bool]:
+    """(FLOPs torch's FlopCounterMode counts in one forward + backward, whether attention was among them).
+
+    Flash attention for CPU has no flop formula in torch: there only the matmuls are counted."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        _, loss = model(idx, targets)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    ops = {str(op) for op in counter.get_flop_counts().get("Global", {})}
+    return counter.get_total_flops(), any("attention" in op for op in ops)
+
+
+def cpu_matmul_tflops(size: int = 512) -> float:
+    """The fp32 torch.mm rate of this CPU (TFLOP/s, from the fastest tenth of bench.measure's calls: a peak, which
+    a shared machine's other work lowers less than a median): the CPU's stand-in for a GPU's calibrated matmul
+    ceiling."""
+    from infracourse import bench
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    timing = bench.measure(torch.mm, make_args=lambda: (a, b), budget_s=0.5, device="cpu")
+    return 2 * size**3 / timing.p10_s / 1e12
