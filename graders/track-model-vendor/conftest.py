@@ -1,5 +1,6 @@
 """The model-vendor project's launches, shared by its graders.
 
+`ep2`: a 2-rank launch of the first two experiments below (4 experts per rank).
 `ep`: ONE torchrun launch of 4 ranks (gloo on CPU) runs kit.moe.grade_rank, which calls the learner's
 ep_moe (moe.py) in five experiments with course expert modules that record which tokens they were given:
   uniform-capacity   the grade's seed, uniform routing, capacity factor 1.0, real experts
@@ -25,9 +26,11 @@ from infracourse.guard import LabCheckFailed
 from infracourse.kit import moe as kit
 
 CAPACITY_FACTOR = 1.0
+SMALL_WORLD = ("uniform-capacity", "uniform-count")  # the experiments of the 2-rank launch
 
 
-def experiments(seed: int, placement: list[list[int]] | None, world: int = kit.WORLD) -> list[dict]:
+def experiments(seed: int, placement: list[list[int]] | None, world: int = kit.WORLD,
+                names: tuple[str, ...] | None = None) -> list[dict]:
     contiguous = kit.contiguous_placement(kit.EXPERTS, world)
     cap = kit.capacity_for(kit.TOKENS, kit.TOP_K, kit.EXPERTS, CAPACITY_FACTOR)
     found = [
@@ -43,7 +46,7 @@ def experiments(seed: int, placement: list[list[int]] | None, world: int = kit.W
     if placement is not None:
         found.append({"name": "skewed-eplb", "seed": kit.FIXED_SEED, "trace": "skewed", "placement": placement,
                       "capacity": None, "counting": False})
-    return found
+    return [spec for spec in found if names is None or spec["name"] in names]
 
 
 @dataclass
@@ -117,10 +120,12 @@ def skewed_load(seed: int, world: int = kit.WORLD) -> list[int]:
     return kit.routing_stats(ref["expert"].reshape(-1, kit.TOP_K), None, kit.EXPERTS, world)["tokens_per_expert"]
 
 
-def launch(learner, seed: int, scratch: Path, device: str = "cpu", world: int = kit.WORLD) -> Launch:
-    placement, error = (_placement(learner, skewed_load(kit.FIXED_SEED, world), world) if world > 1
-                        else (None, "one rank holds every expert: nothing to rebalance"))
-    specs = experiments(seed, placement, world)
+def launch(learner, seed: int, scratch: Path, device: str = "cpu", world: int = kit.WORLD,
+           names: tuple[str, ...] | None = None) -> Launch:
+    rebalance = world > 1 and (names is None or "skewed-eplb" in names)
+    placement, error = (_placement(learner, skewed_load(kit.FIXED_SEED, world), world) if rebalance
+                        else (None, "this launch does not rebalance"))
+    specs = experiments(seed, placement, world, names)
     run = run_ranks("infracourse.kit.moe", "grade_rank", learner_dir=learner.root, world_size=world,
                     kwargs={"experiments": specs}, device=device, probe="infracourse.kit.dist_probes",
                     timeout_s=100, scratch=scratch)
@@ -130,6 +135,12 @@ def launch(learner, seed: int, scratch: Path, device: str = "cpu", world: int = 
 @pytest.fixture(scope="session")
 def ep(learner, seed, tmp_path_factory) -> Launch:
     return launch(learner, seed, tmp_path_factory.mktemp("ep"))
+
+
+@pytest.fixture(scope="session")
+def ep2(learner, seed, tmp_path_factory) -> Launch:
+    """A second, smaller world: 2 ranks holding 4 experts each (a layer written for 4 ranks only fails here)."""
+    return launch(learner, seed + 1, tmp_path_factory.mktemp("ep2"), world=2, names=SMALL_WORLD)
 
 
 def counted_pairs(per_rank: list[dict], world: int) -> dict[tuple[int, int], int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import _placement, combined_once, compare_outputs, pairs_once, require_all_to_all, skewed_load
+from conftest import SMALL_WORLD, _placement, combined_once, compare_outputs, pairs_once, require_all_to_all, skewed_load
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import moe as kit
 
@@ -16,31 +16,36 @@ BYTES_FACTOR = 1.25    # the estimate (uniform routing on average) against the b
 
 
 @pytest.mark.check("ep-equals-dense")
-def test_ep_equals_dense(ep):
+def test_ep_equals_dense(ep, ep2):
     for name in ("uniform-capacity", "skewed-contiguous"):
         compare_outputs(ep, name)
+    compare_outputs(ep2, "uniform-capacity")
 
 
 @pytest.mark.check("dispatch-combine-once")
-def test_dispatch_combine_once(ep):
-    for name in ("uniform-capacity", "uniform-count", "uniform-free", "skewed-contiguous"):
-        require_all_to_all(ep, name)
-        pairs_once(ep, name)
-    for name in ("uniform-count", "uniform-free"):
-        combined_once(ep, name)
+def test_dispatch_combine_once(ep, ep2):
+    for launch, names in ((ep, ("uniform-capacity", "uniform-count", "uniform-free", "skewed-contiguous")),
+                          (ep2, SMALL_WORLD)):
+        for name in names:
+            require_all_to_all(launch, name)
+            pairs_once(launch, name)
+    for launch, names in ((ep, ("uniform-count", "uniform-free")), (ep2, ("uniform-count",))):
+        for name in names:
+            combined_once(launch, name)
 
 
 @pytest.mark.check("capacity-drops")
-def test_capacity_drops(ep, record):
-    for name in ("uniform-capacity", "uniform-count", "uniform-free"):
-        want = ep.reference(name)["dropped"]
-        got = [result["dropped"] for result in ep.results(name)]
-        if name == "uniform-capacity":
+def test_capacity_drops(ep, ep2, record):
+    for launch, name in ((ep, "uniform-capacity"), (ep, "uniform-count"), (ep, "uniform-free"),
+                         (ep2, "uniform-capacity")):
+        want = launch.reference(name)["dropped"]
+        got = [result["dropped"] for result in launch.results(name)]
+        if launch is ep and name == "uniform-capacity":
             record("dropped assignments (all ranks)", float(sum(x or 0 for x in got)), target=float(sum(want)))
         if got != want:
             raise LabCheckFailed(
-                f"ep_moe reported {got} dropped assignments on ranks 0..{ep.world - 1}; the judge counts {want} "
-                f"{ep.where(name)}. Every assignment past its expert's capacity is dropped AND counted: a silent "
+                f"ep_moe reported {got} dropped assignments on ranks 0..{launch.world - 1}; the judge counts {want} "
+                f"{launch.where(name)}. Every assignment past its expert's capacity is dropped AND counted: a silent "
                 "drop hides lost tokens from whoever reads your numbers")
 
 
