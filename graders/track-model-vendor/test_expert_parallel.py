@@ -124,4 +124,9 @@ def test_all_to_all_bytes(ep, learner, record):
     record("all_to_all bytes per rank, estimate", estimate, target=kit.all_to_all_bytes(
         kit.TOKENS, kit.D_MODEL, kit.TOP_K, ep.world, DTYPE_BYTES), unit="B")
     record("all_to_all bytes per rank, counted", mean, unit="B")
+    wire = [sum(n for op, n in ((ep.run.probes[r] or {}).get("uniform-free", {}).get("bytes", {})).items()
+                if op.startswith("all_to_all")) for r in range(ep.world)]
+    # evidence only: what the probe saw pass through all_to_all (output buffers: received bytes, own rows,
+    # counts and padding included)
+    record("all_to_all bytes per rank, probe", sum(wire) / len(wire), unit="B")
     check_measured("all_to_all_bytes", estimate, mean, BYTES_FACTOR)
