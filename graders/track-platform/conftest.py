@@ -310,7 +310,11 @@ def capacity_run(server: Server, rate: float, seed: int) -> dict:
 
 
 def phase_capacity(server: Server, seed: int, claimed: float) -> dict:
-    return {"claimed": claimed, "below": capacity_run(server, CAPACITY_BELOW * claimed, seed + 21),
+    below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
+    status, state = asyncio.run(ps.probe(service_uds(server), "/debug/state"))  # the engine's own step clock
+    step_ms = (1000 * state["step_seconds_total"] / state["steps_total"]
+               if status == 200 and isinstance(state, dict) and state.get("steps_total") else None)
+    return {"claimed": claimed, "below": below, "step_ms": step_ms,
             "above": capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)}
 
 

@@ -72,10 +72,11 @@ def test_cost_per_success_estimate(learner, capacity, device, record):
         raise LabCheckFailed(f"usd_per_success(price_per_hour=2.0, wall_s=10.0, successes=0) returned {nothing!r}: "
                              "a run with no success paid for its time and bought nothing: return math.inf")
     check_formula("successes_per_s", mod.successes_per_s, reference_successes_per_s, RATE_CASES)
-    below = capacity.get()["below"]
-    cfg = ps.platform_config(device)
+    c = capacity.get()
+    below = c["below"]
+    step_ms = c["step_ms"] or ps.platform_config(device).step_floor_ms  # the service's mean step in that run
     rate = mod.successes_per_s(interactive_rate=below["rate"], batch_slots=LIMITS["batch_slots"],
-                               output_tokens=ps.CAPACITY_OUTPUT_LEN, step_ms=cfg.step_floor_ms or 25.0)
+                               output_tokens=ps.CAPACITY_OUTPUT_LEN, step_ms=step_ms)
     planned = below["wall_s"]
     estimate = mod.usd_per_success(price_per_hour=ps.DEVICE_PRICE_PER_HOUR, wall_s=planned, successes=rate * planned)
     measured = reference_usd_per_success(ps.DEVICE_PRICE_PER_HOUR, below["wall_s"], below["successes"])
