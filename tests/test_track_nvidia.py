@@ -1,0 +1,86 @@
+"""The NVIDIA track's project proves its grader: the solution passes weeks 22 and 24, the starter fails every check
+with a message that says what to do, each wrong variant the issue names fails its check, and an honest solution
+with another kernel structure passes."""
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import replace_once
+from labproof import assert_solution_passes, assert_variant_fails
+
+pytestmark = pytest.mark.slow
+
+TRACK = "nvidia"
+HONEST = Path(__file__).parent / "fixtures" / "track-nvidia-rowblock"
+WEEK22 = {"environment-pinned", "run-command", "project-plan", "baseline-hotspot"}
+
+
+def test_week22_solution_passes_with_its_own_checks_only(grade_lab, machine):
+    checks = assert_solution_passes(grade_lab, machine, "week22", track=TRACK)
+    assert set(checks) == WEEK22
+    assert checks["baseline-hotspot"].figures["launches per baseline step"].value > 0
+
+
+def test_week24_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
+    checks = assert_solution_passes(grade_lab, machine, "week24", track=TRACK)
+    if not machine.gpu_count:
+        assert "needs a CUDA GPU" in checks["operator-speedup-gpu"].message
+    bound = checks["hotspot-effect"].figures["Amdahl bound"].value
+    assert checks["amdahl-claim"].figures["end-to-end claim"].value <= bound * 1.1
+
+
+def test_starter_fails_every_check_and_says_what_to_do(grade_lab):
+    result, checks = grade_lab("week24", source="starter", stamp=False, track=TRACK)
+    assert not result.complete
+    for check in checks.values():
+        assert check.status in ("failed", "blocked"), (check.id, check.status, check.message)
+    assert "raw/baseline.json is missing" in checks["baseline-hotspot"].message
+    assert "not written yet" in checks["operator-correct"].message and "rms_norm" in checks["operator-correct"].message
+    assert "not written yet" in checks["mfu-estimate"].message
+    for later in ("hotspot-effect", "failure-case"):
+        assert "operator-correct" in checks[later].message  # no credit before the operator is correct
+
+
+def _figure(name: str, value: float):
+    def _edit(text: str) -> str:
+        pattern = re.compile(rf"^{name}:.*$", re.MULTILINE)
+        assert len(pattern.findall(text)) == 1, name
+        return pattern.sub(f"{name}: {value}", text)
+    return _edit
+
+
+VARIANTS = {
+    # the operator's 1.5x read as the model's: far above what a norm of a few percent of the step allows
+    "end-to-end claim above the Amdahl bound": ("week23", "amdahl-claim", {"report.md": _figure("end_to_end_speedup", 1.5)}),
+    # a lock written for another machine
+    "torch pinned at another version": ("week22", "environment-pinned", {"requirements.lock": lambda text: re.sub(
+        r"^torch==.*$", "torch==2.9.1", text, flags=re.MULTILINE)}),
+    # eps dropped from the square root, on both paths: rows far below sqrt(eps) blow up
+    "eps forgotten": ("week23", "operator-correct", {"fused_norm.py": lambda text: replace_once(
+        "rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)", "rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols)")(
+        replace_once("rstd = torch.rsqrt(x32.pow(2).mean(-1) + eps)", "rstd = torch.rsqrt(x32.pow(2).mean(-1))")(text))}),
+    # a failure case that is not one: the tiny row, where the operator wins, recorded as a regression
+    "invented regression": ("week24", "failure-case", {"raw/failure.json": lambda text: re.sub(
+        r'"regression": \{.*?\}', '"regression": {"rows": 1, "cols": 128, "dtype": "float32", "speedup": 0.5}', text,
+        flags=re.DOTALL)}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    week, check_id, edits = VARIANTS[name]
+    assert_variant_fails(grade_lab, week, check_id, edits, track=TRACK)
+
+
+def test_amdahl_message_names_share_speedup_and_bound(grade_lab):
+    _, checks = grade_lab("week23", edits={"report.md": _figure("end_to_end_speedup", 1.5)}, track=TRACK)
+    message = checks["amdahl-claim"].message
+    assert "1.5x" in message and "share s = " in message and "Amdahl allows at most" in message
+
+
+def test_honest_solution_with_row_blocks_passes(grade_lab, machine):
+    """Another kernel structure (several rows per program, the backward in torch from the saved rstd), another
+    CPU path (torch's F.rms_norm), another way to count FLOPs, and its own run's raw data and report."""
+    edits = {path.relative_to(HONEST).as_posix(): path.read_text() for path in HONEST.rglob("*") if path.is_file()}
+    assert_solution_passes(grade_lab, machine, "week24", edits=edits, track=TRACK)
