@@ -3,6 +3,7 @@ week 24 with all of them, the starter fails every check saying what to write, ea
 names fails its own check, and an honest gateway in another style (tests/fixtures/track-platform-honest:
 partitioned asyncio semaphores, a supervisor thread) passes. Each grade serves the learner's gateway, which
 supervises the course's model service (kit.platform_service); the judge floods, kills and reruns it."""
+import re
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,11 @@ def test_quota_not_enforced_fails_batch_quota(grade_lab):
 
 
 def test_lock_that_disagrees_with_the_environment_fails(grade_lab):
-    import torch
+    def edit(text: str) -> str:  # the report's environment says one torch, the machine runs another
+        changed = re.sub(r"^torch==.*$", "torch==2.0.1", text, count=1, flags=re.MULTILINE)
+        assert changed != text, "the solution's lock pins no torch"
+        return changed
 
-    edit = replace_once(f"torch=={torch.__version__}\n", "torch==2.0.1\n")
     assert_variant_fails(grade_lab, "week22", "environment-pinned", {"requirements.lock": edit}, track=TRACK)
 
 

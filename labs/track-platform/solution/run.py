@@ -26,6 +26,11 @@ HERE = Path(__file__).resolve().parent
 INTERACTIVE_RATE, BATCH_LEAD_S = 3.0, 0.3      # interactive requests/s; the flood starts this much earlier
 
 
+def short_folder() -> tempfile.TemporaryDirectory:
+    """A temporary folder whose socket paths fit a Unix socket (107 bytes), whatever TMPDIR is."""
+    return tempfile.TemporaryDirectory(dir="/tmp" if os.path.isdir("/tmp") else None)
+
+
 def launch(command: list[str], folder: str, env: dict, log: str) -> subprocess.Popen:
     with open(os.path.join(folder, log), "w") as out:
         return subprocess.Popen(command, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -114,7 +119,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     n_interactive, n_batch = 8 * args.scale, 24 * args.scale
-    with tempfile.TemporaryDirectory() as fifo_dir, tempfile.TemporaryDirectory() as gw_dir:
+    with short_folder() as fifo_dir, short_folder() as gw_dir:
         fifo, fifo_sock = start_service(fifo_dir, device)     # both start at once: their start-ups overlap
         gateway, gw_sock = start_gateway(gw_dir, device)
         try:

@@ -11,10 +11,9 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
-from run import start_gateway, wait_ready
+from run import short_folder, start_gateway, wait_ready
 
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import compute_metrics, run_load_async, serving_cost
@@ -44,7 +43,7 @@ async def saturated(sock: str, rate: float, seed: int) -> dict:
 
 def main() -> None:
     device = "cuda" if os.environ.get("INFRACOURSE_DEVICE") == "cuda" else "cpu"
-    with tempfile.TemporaryDirectory() as folder:
+    with short_folder() as folder:
         gateway, sock = start_gateway(folder, device)
         try:
             wait_ready(gateway, sock, "the gateway")
