@@ -12,7 +12,7 @@ from labproof import assert_solution_passes, assert_variant_fails
 pytestmark = pytest.mark.slow
 
 TRACK = "nvidia"
-HONEST = Path(__file__).parent / "fixtures" / "track-nvidia-rowblock"
+HONEST = Path(__file__).parent / "fixtures" / "track-nvidia-honest"
 WEEK22 = {"environment-pinned", "run-command", "project-plan", "baseline-hotspot"}
 
 
