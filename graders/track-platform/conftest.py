@@ -52,6 +52,7 @@ RECOVERY_REQUESTS, RECOVERY_RATE, KILL_AT_S, RESTART_WINDOW_S, DROP_RATE = 18, 8
 CAPACITY_SECONDS, CAPACITY_BELOW, CAPACITY_ABOVE = 8.0, 0.9, 1.15
 CAPACITY_FLOOD_RATE, CAPACITY_LEAD_S = 12.0, 0.6
 REFUSED = ("HTTP 429", "HTTP 503")
+SERVICE = "infracourse.kit.platform_service:app"   # what a course service's command line serves (service_command)
 
 
 def teach(server: Server, what: str) -> str:
@@ -212,7 +213,7 @@ def fifo(started) -> Phase:
 # --- weeks 23-24: the learner's gateway -------------------------------------------------------------------------
 
 def service_uds(server: Server) -> str:
-    found = course_services(server)
+    found = course_services(server, SERVICE)
     if not found:
         raise LabCheckFailed("no course service process (python -m uvicorn infracourse.kit.platform_service:app) "
                              "runs under your gateway: start it with kit.platform_service.service_command(uds) as a "
@@ -256,12 +257,13 @@ def phase_recovery(server: Server, seed: int, journal: Path) -> dict:
     specs = request_matrix([8], [12], RECOVERY_REQUESTS, vocab_size=128, seed=seed + 11)
     for i, spec in enumerate(specs):  # half of them meet the drop fault (its seeded share of keys)
         spec.prompt_ids[0] = ps.DROP_MARK if i % 2 == 0 else spec.prompt_ids[0] % ps.DROP_MARK
-    before = course_services(server)
+    before = course_services(server, SERVICE)
     if not before:
         service_uds(server)  # raises, saying what is missing
     kill: dict = {}
-    thread = threading.Thread(target=kill_and_clock, args=(server, before[0]),
-                              kwargs={"after_s": KILL_AT_S, "window_s": RESTART_WINDOW_S, "out": kill}, daemon=True)
+    thread = threading.Thread(target=kill_and_clock, args=(server, before[0]), daemon=True,
+                              kwargs={"after_s": KILL_AT_S, "window_s": RESTART_WINDOW_S, "out": kill,
+                                      "marker": SERVICE})
     thread.start()
     records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0,
                                     extra_body={"request_class": "interactive"})

@@ -21,7 +21,7 @@ from infracourse.kit.loadgen import compute_metrics, run_load_async, serving_cos
 HERE = Path(__file__).resolve().parent
 START_RATE, STEP = 4.0, 1.05       # interactive requests/s, and the factor between sweep points (5 %)
 SECONDS = 8.0                      # each point's interactive load lasts about this long
-BATCH_RATE, BATCH_LEAD_S = 12.0, 0.6   # the batch flood (the judge's): well above what its quota serves, from 0.6 s before
+BATCH_RATE, BATCH_LEAD_S = 12.0, 0.6   # the judge's batch flood: far above what its quota serves, 0.6 s ahead
 
 
 async def saturated(sock: str, rate: float, seed: int) -> dict:
