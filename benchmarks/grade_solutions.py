@@ -3,6 +3,8 @@
     python benchmarks/grade_solutions.py [week07 week08 ...] [--out results.json]
     python benchmarks/grade_solutions.py week09 --with matmul.py=tests/fixtures/honest/week09/split_k_atomic.py
     python benchmarks/grade_solutions.py week10 --repeat 10      # consecutive grades: does it always complete?
+    python benchmarks/grade_solutions.py week17 --run "python bench.py"   # run the lab's own bench first and
+                                                                 # put the figures block it prints in the report
     python benchmarks/grade_solutions.py week12 --refresh-report # as a learner on this machine would: grade,
                                                                  # write the figures it measured, grade again
 
@@ -30,6 +32,9 @@ def main() -> None:
     parser.add_argument("--with", dest="overlays", action="append", default=[], metavar="FILE=SOURCE",
                         help="grade the solution with FILE replaced by SOURCE (an honest variant from tests/)")
     parser.add_argument("--repeat", type=int, default=1, help="grade each lab this many times in a row")
+    parser.add_argument("--run", help="a command of the lab (e.g. 'python bench.py') run in the copied solution "
+                        "before grading, as a learner on this machine would; a ```yaml figures block it prints "
+                        "replaces the report's")
     parser.add_argument("--refresh-report", action="store_true",
                         help="when the report's figures (written on another machine) disagree with this machine's, "
                              "write this grade's measurements into the figures block and grade once more")
@@ -49,6 +54,8 @@ def main() -> None:
             for overlay in args.overlays:
                 name, source = overlay.split("=", 1)
                 shutil.copyfile(source, folder / name)
+            if args.run:
+                run_lab_command(args.run, folder, lab.spec.report, hw)
             if lab.spec.report:
                 stamp_environment(folder / lab.spec.report, hw)
             result = grade(course, lab, folder, hardware=hw)
@@ -72,6 +79,23 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=1))
 
 
+def run_lab_command(command: str, folder: Path, report, hw) -> None:
+    import os
+    import shlex
+    import subprocess
+
+    from infracourse.grading.report_check import FIGURES_BLOCK
+
+    env = {**os.environ, "INFRACOURSE_DEVICE": "cuda" if hw.gpu_count else "cpu"}
+    done = subprocess.run(shlex.split(command), cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    print(f"\n(`{command}` in the solution: exit {done.returncode}{'; ' + done.stderr[-400:] if done.returncode else ''})")
+    printed = FIGURES_BLOCK.search(done.stdout)
+    if report and printed:
+        path = folder / report
+        text = path.read_text()
+        path.write_text(FIGURES_BLOCK.sub(lambda m: printed.group(0), text, count=1))
+
+
 def refresh_figures(path: Path, spec, checks: dict) -> bool:
     """Rewrite the report's figures block with what this grade's checks recorded (a learner on this machine
     copies their run's figures the same way); False when a measured figure is missing (its check failed)."""
@@ -90,7 +114,7 @@ def refresh_figures(path: Path, spec, checks: dict) -> bool:
             if recorded is None:
                 return False
             value = getattr(recorded, figure.compare_with)
-        lines.append(f"{figure.name}: {value:.6g}")
+        lines.append(f"{figure.name}: {value:.12g}")
     text = path.read_text()
     block = "```yaml figures\n" + "\n".join(lines) + "\n```"
     path.write_text(FIGURES_BLOCK.sub(lambda m: block, text, count=1) if FIGURES_BLOCK.search(text) else text)

@@ -37,7 +37,8 @@ from infracourse.grading import serving
 from infracourse.grading.serving import Phase, Server, course_services, kill_and_clock, run_phase
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import platform_service as ps
-from infracourse.kit.loadgen import arrival_offsets, compute_metrics, request_matrix, send_completion
+from infracourse.kit.loadgen import (RequestRecord, arrival_offsets, compute_metrics, request_matrix,
+                                     send_completion)
 
 LIMITS = dict(ps.CLASS_LIMITS)           # the judge's class limits: 2 batch slots of 4, queues of 8 and 16
 # the fifo baseline (also run.py's workload): 24 batch requests at once, 0.3 s later 8 interactive at 3/s
@@ -105,7 +106,6 @@ async def timed_load(uds: str, specs, *, rate: float, burstiness: float = 1.0, s
             rec = await asyncio.wait_for(send_completion(spec, uds=uds, extra_body={"request_class": request_class}),
                                          timeout_s)
         except asyncio.TimeoutError:
-            from infracourse.kit.loadgen import RequestRecord
             rec = RequestRecord(len(spec.prompt_ids), sent, error=f"timeout after {timeout_s:g} s")
         return Timed(rec, time.perf_counter())
 
