@@ -53,6 +53,7 @@ RECOVERY_REQUESTS, RECOVERY_RATE, KILL_AT_S, RESTART_WINDOW_S, DROP_RATE = 18, 8
 CAPACITY_SECONDS, CAPACITY_BELOW, CAPACITY_ABOVE = 8.0, 0.9, 1.15
 CAPACITY_FLOOD_RATE, CAPACITY_LEAD_S = 12.0, 0.6
 REFUSED = ("HTTP 429", "HTTP 503")
+STARVED_WAIT_S = 8.0   # with batch's quota at 0, a batch request still unanswered this long is given up
 SERVICE = "infracourse.kit.platform_service:app"   # what a course service's command line serves (service_command)
 
 
@@ -118,8 +119,10 @@ def metrics_of(timed: list[Timed], start: float, end: float, slo: dict | None = 
 
 
 async def two_classes(uds: str, *, batch_specs, batch_rate: float, lead_s: float, interactive_specs,
-                      interactive_rate: float, burstiness: float, seed: int, on_interactive=None) -> dict:
-    flood = asyncio.create_task(timed_load(uds, batch_specs, rate=batch_rate, seed=seed, request_class="batch"))
+                      interactive_rate: float, burstiness: float, seed: int, on_interactive=None,
+                      batch_timeout_s: float = 60.0) -> dict:
+    flood = asyncio.create_task(timed_load(uds, batch_specs, rate=batch_rate, seed=seed, request_class="batch",
+                                           timeout_s=batch_timeout_s))
     await asyncio.sleep(lead_s)
     if on_interactive:
         on_interactive()
@@ -353,7 +356,7 @@ def phase_starved(server: Server, seed: int) -> dict:
     """Light interactive traffic and a few batch requests to a gateway whose batch quota is 0 slots."""
     return asyncio.run(two_classes(server.uds, batch_specs=specs_of(8, seed + 51), batch_rate=8.0, lead_s=0.2,
                                    interactive_specs=specs_of(4, seed + 52), interactive_rate=3.0, burstiness=20.0,
-                                   seed=seed))
+                                   seed=seed, batch_timeout_s=STARVED_WAIT_S))
 
 
 @pytest.fixture(scope="session")
