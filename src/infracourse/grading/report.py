@@ -35,8 +35,26 @@ def sections(text: str) -> dict[str, str]:
     return found
 
 
-def environment_lines(hardware: Hardware) -> str:
-    return "\n".join([
+def code_commit(folder: Path) -> str:
+    """The git commit the folder's files are at (+ ' with uncommitted changes'), or why there is none: 003 §8
+    asks every weekly result to name the code it came from."""
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode != 0:
+            return "not in a git repository (`git init` and commit your work to stamp its commit)"
+        dirty = git("status", "--porcelain", "--", ".").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not found)"
+    return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
+
+
+def environment_lines(hardware: Hardware, folder: Path | None = None) -> str:
+    return "\n".join([*([f"- code commit: {code_commit(folder)}"] if folder is not None else []),
         f"- device: {hardware.device_name}",
         f"- tier: {hardware.tier}",
         f"- python: {hardware.python}",
@@ -48,10 +66,20 @@ def environment_lines(hardware: Hardware) -> str:
 
 
 def stamp_environment(path: Path, hardware: Hardware) -> None:
-    """Replace the body of '## Environment' with this machine's facts (the rest is the learner's)."""
+    """Replace the body of '## Environment' with this machine's facts and the code's commit (the rest is the
+    learner's); a project's lock file gets this machine's versions of the packages it pins."""
     text = path.read_text(encoding="utf-8")
     pattern = re.compile(r"(^##\s+Environment\s*$)(.*?)(?=^##\s|\Z)", re.MULTILINE | re.DOTALL)
     if not pattern.search(text):
         raise LabCheckFailed(f"{path.name} has no '## Environment' section to stamp: restore the template's headings")
-    stamped = pattern.sub(lambda m: m.group(1) + "\n" + environment_lines(hardware) + "\n\n", text, count=1)
+    lines = environment_lines(hardware, path.parent)
+    stamped = pattern.sub(lambda m: m.group(1) + "\n" + lines + "\n\n", text, count=1)
     path.write_text(stamped, encoding="utf-8")
+    from infracourse.grading.project import PROJECT_BLOCK, pin_lock, read_project
+
+    if PROJECT_BLOCK.search(stamped):  # a direction project: its lock file gets this machine's versions too
+        try:
+            lock = read_project(stamped, path.name).lock
+        except LabCheckFailed:
+            return  # the project check says what is wrong with the block
+        pin_lock(path.parent / lock)
