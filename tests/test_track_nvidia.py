@@ -51,8 +51,6 @@ def _figure(name: str, value: float):
 
 
 VARIANTS = {
-    # the operator's 1.5x read as the model's: far above what a norm of a few percent of the step allows
-    "end-to-end claim above the Amdahl bound": ("week23", "amdahl-claim", {"report.md": _figure("end_to_end_speedup", 1.5)}),
     # a lock written for another machine
     "torch pinned at another version": ("week22", "environment-pinned", {"requirements.lock": lambda text: re.sub(
         r"^torch==.*$", "torch==2.9.1", text, flags=re.MULTILINE)}),
@@ -60,10 +58,10 @@ VARIANTS = {
     "eps forgotten": ("week23", "operator-correct", {"fused_norm.py": lambda text: replace_once(
         "rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)", "rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols)")(
         replace_once("rstd = torch.rsqrt(x32.pow(2).mean(-1) + eps)", "rstd = torch.rsqrt(x32.pow(2).mean(-1))")(text))}),
-    # a failure case that is not one: the tiny row, where the operator wins, recorded as a regression
+    # a failure case that is not one: the model's own shape, where the operator does not lose, recorded at 0.5x
     "invented regression": ("week24", "failure-case", {"raw/failure.json": lambda text: re.sub(
-        r'"regression": \{.*?\}', '"regression": {"rows": 1, "cols": 128, "dtype": "float32", "speedup": 0.5}', text,
-        flags=re.DOTALL)}),
+        r'"regression": \{.*?\}', '"regression": {"rows": 256, "cols": 128, "dtype": "float32", "speedup": 0.5}',
+        text, flags=re.DOTALL)}),
 }
 
 
@@ -73,8 +71,11 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
     assert_variant_fails(grade_lab, week, check_id, edits, track=TRACK)
 
 
-def test_amdahl_message_names_share_speedup_and_bound(grade_lab):
-    _, checks = grade_lab("week23", edits={"report.md": _figure("end_to_end_speedup", 1.5)}, track=TRACK)
+def test_end_to_end_claim_above_the_amdahl_bound_fails(grade_lab):
+    """The operator's 1.5x read as the model's: far above what a norm of a few percent of the step allows."""
+    result, checks = grade_lab("week23", edits={"report.md": _figure("end_to_end_speedup", 1.5)}, track=TRACK)
+    assert not result.complete
+    assert checks["amdahl-claim"].status == "failed", checks["amdahl-claim"].message
     message = checks["amdahl-claim"].message
     assert "1.5x" in message and "share s = " in message and "Amdahl allows at most" in message
 

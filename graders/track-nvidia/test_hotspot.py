@@ -45,5 +45,5 @@ def test_amdahl_claim(learner, baseline, effect, device, record):
             f"report.md claims an end-to-end speed-up of {claim:.3g}x, but the grader measured the norm at a share "
             f"s = {s:.3f} of the baseline step and your operator k = {k:.3g}x faster: Amdahl allows at most "
             f"1 / ((1 - s) + s / k) = {bound:.3g}x (accepted up to {bound * (1 + slack):.3g}x). A step cannot gain "
-            "more than its hotspot's share; re-measure both steps the same way (warm-up, same batches, median) and "
-            "report what you measured")
+            "more than its hotspot's share; re-measure both steps the same way (warm-up, same batches, the same "
+            "statistic) and report what you measured")
