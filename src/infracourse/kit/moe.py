@@ -224,10 +224,20 @@ def _experiment(learner, c: dict, placement: list[list[int]], top_k: int, capaci
                             [list(row) for row in placement], top_k, capacity)
     if not isinstance(result, dict):
         raise TypeError(f"ep_moe returned {type(result).__name__}; return a dict with out, dropped, load")
-    out = result.get("out")
+    out, dropped, load = result.get("out"), result.get("dropped"), result.get("load")
+    if isinstance(load, torch.Tensor):
+        load = load.tolist()
+
+    def whole(v) -> bool:  # a count: an int, or a float / one-element tensor holding one
+        if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
+            return False
+        if isinstance(v, torch.Tensor) and v.numel() != 1:
+            return False
+        return math.isfinite(float(v)) and float(v) == int(v)
+
     return {"out": _cpu(out) if isinstance(out, torch.Tensor) else None,
-            "dropped": int(result["dropped"]) if isinstance(result.get("dropped"), (int, torch.Tensor)) else None,
-            "load": [int(v) for v in result["load"]] if isinstance(result.get("load"), (list, tuple)) else None,
+            "dropped": int(dropped) if whole(dropped) else None,
+            "load": [int(v) for v in load] if isinstance(load, (list, tuple)) and all(map(whole, load)) else None,
             "experts": [e.record() for e in experts]}
 
 
