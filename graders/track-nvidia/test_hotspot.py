@@ -18,7 +18,8 @@ def test_hotspot_effect(baseline, effect, size, record):
            reference_seconds=effect.unfused_norm_s, reference="kit.gpt.RMSNorm (unfused)",
            label=f"rms_norm forward + backward {rows}x{cols}")
     record("end-to-end speed-up", effect.end_to_end, unit="x", seconds=effect.step_s,
-           reference_seconds=baseline.step_s, reference="the course GPT with its own norm", label="training step")
+           reference_seconds=effect.baseline_step_s, reference="the course GPT with its own norm",
+           label="training step")
     record("Amdahl bound", hotspot.amdahl_bound(baseline.share, effect.operator_speedup), unit="x")
     record("launches per step with your norm", effect.step.launches, unit="launches",
            reference=f"{baseline.step.launches} with the unfused norm")
