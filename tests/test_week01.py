@@ -107,3 +107,12 @@ def test_report_with_an_invented_figure_fails(grade_lab, machine):
     _, checks = grade_lab("week01", edits={"report.md": invented("loop_ns_per_element", 10.0)})
     assert checks["report"].status == "failed"
     assert "loop_ns_per_element = " in checks["report"].message and "the grader measured" in checks["report"].message
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="a GPU-only mistake: needs a CUDA GPU")
+def test_no_device_sync_fails_on_the_gpu(grade_lab):
+    """The harness waits for nothing on a GPU: identical to the solution on a CPU, wrong where kernels are
+    asynchronous (sync-cuda times a 5 ms device sleep)."""
+    edit = replace_once("    return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)",
+                        "    return lambda: None")
+    assert_variant_fails(grade_lab, "week01", "sync-cuda", {HARNESS: edit})

@@ -100,3 +100,11 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine, name):
         expected = "passed" if machine.satisfies(check.needs) else "blocked"
         assert check.status == expected, (check.id, check.status, check.message)
     assert result.complete
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="a GPU-only mistake: needs a CUDA GPU")
+def test_cuda_rng_not_restored_fails_on_the_gpu(grade_lab):
+    """The CUDA generator is not restored: identical on a CPU (there is none), wrong on a GPU, where dropout draws
+    from it after the resume."""
+    edit = replace_once('    if rng["cuda"]:\n        torch.cuda.set_rng_state_all(rng["cuda"])\n', "")
+    assert_variant_fails(grade_lab, "week05", "resume-bf16", {"train.py": edit})
