@@ -150,9 +150,8 @@ def effect(norm, learner, size, device, baseline):
                                calls=16)) for _ in range(2))
     baseline_s = min(baseline.step_s, seconds(reference_time(reference, batches)))
     mine, unfused = operator_race(norm, learner, *size.norm_shape, size.dtype, device, seed=4)
-    return Effect(step_s=step_s, baseline_step_s=baseline_s, norm_s=mine, unfused_norm_s=unfused, operator_speedup=unfused / mine,
-                  end_to_end=baseline_s / step_s,
-                  step=step_counts)
+    return Effect(step_s=step_s, baseline_step_s=baseline_s, norm_s=mine, unfused_norm_s=unfused,
+                  operator_speedup=unfused / mine, end_to_end=baseline_s / step_s, step=step_counts)
 
 
 def read_raw(learner, name: str, device: str, size) -> dict:

@@ -4,6 +4,7 @@ code, here): the norm's share of the step, the step's kernel launches and copies
 import pytest
 
 from conftest import number, read_raw
+from infracourse.guard import LabCheckFailed
 
 
 @pytest.mark.check("baseline-hotspot")
@@ -17,15 +18,15 @@ def test_baseline_hotspot(learner, baseline, size, device, record):
     yours = read_raw(learner, "baseline.json", device, size)
     share = number(yours, "norm_share", "baseline.json")
     if abs(share - baseline.share) > 0.1:
-        raise AssertionError(
-            f"raw/baseline.json: norm_share {share:.3f}, the grader measured {baseline.share:.3f} ({size.norms_per_step} "
-            f"norms x {baseline.norm_s * 1e6:.0f} us forward + backward / {baseline.step_s * 1e3:.2f} ms step; accepted "
-            "0.1 apart). Time one unfused norm's forward + backward at the model's norm shape "
-            f"{size.norm_shape} and the whole step with the same harness, after warm-up")
+        raise LabCheckFailed(
+            f"raw/baseline.json: norm_share {share:.3f}, the grader measured {baseline.share:.3f} "
+            f"({size.norms_per_step} norms x {baseline.norm_s * 1e6:.0f} us forward + backward / "
+            f"{baseline.step_s * 1e3:.2f} ms step; accepted 0.1 apart). Time one unfused norm's forward + backward "
+            f"at the model's norm shape {size.norm_shape} and the whole step with the same harness, after warm-up")
     for key, ours in (("launches_per_step", baseline.step.launches), ("copies_per_step", baseline.step.copies)):
         mine = number(yours, key, "baseline.json")
         if abs(mine - ours) > max(2, 0.1 * ours):
-            raise AssertionError(
+            raise LabCheckFailed(
                 f"raw/baseline.json: {key} {mine:g}, the grader counted {ours} in one baseline training step "
                 f"({size.describe()}; accepted within 10 % or 2). Count the whole step (zero_grad, forward, "
                 "backward, optimizer step) as kit.hotspot.count_call does: torch compute ops dispatched and "

@@ -25,12 +25,13 @@ def test_failure_case(norm, learner, size, device, record, seed):
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
     if dtype is None or rows < 1 or cols < 1 or rows * cols > MAX_ELEMENTS[kind]:
         raise LabCheckFailed(f"raw/failure.json's regression ({rows}, {cols}) {case.get('dtype')!r}: the grader "
-                             f"re-measures float32 or bfloat16 shapes of at most {MAX_ELEMENTS[kind]} elements on {kind}")
+                             f"re-measures float32 or bfloat16 shapes of at most {MAX_ELEMENTS[kind]} elements on "
+                             f"{kind}")
     claimed = number(case, "speedup", "failure.json")
     if claimed >= SLOWER:
         raise LabCheckFailed(f"raw/failure.json's regression at ({rows}, {cols}) has speedup {claimed:.3g}: a failure "
-                             "case is a shape where your operator is slower (below 1x). Measure a few shapes (one tiny row, "
-                             "very narrow rows, ...) and name the one where it loses")
+                             "case is a shape where your operator is slower (below 1x). Measure a few shapes (one "
+                             "tiny row, very narrow rows, ...) and name the one where it loses")
     mine, unfused = operator_race(norm, learner, rows, cols, dtype, device, seed)
     speedup = unfused / mine
     record("speed-up at the failure shape", speedup, target=SLOWER, unit="x", seconds=mine,
