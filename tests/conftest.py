@@ -29,6 +29,7 @@ NO_SOLUTIONS = "needs the reference solutions, which a learner release does not 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"solutions: {NO_SOLUTIONS}; skipped there")
+    config.addinivalue_line("markers", "check(id): a course check (grading.project's generic tests are imported here)")
     config.addinivalue_line("markers", "variant: a known-wrong variant of a lab's solution fails the check meant to "
                                        "catch it (set from the test's call of labproof.assert_variant_fails)")
     if os.environ.get("PYTEST_XDIST_WORKER"):

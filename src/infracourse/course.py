@@ -37,6 +37,7 @@ class LabDir:
     path: Path
     spec: Lab
     graders: Path
+    track: str | None = None  # the direction whose project this is (weeks 22-24)
 
     @property
     def starter(self) -> Path:
@@ -110,7 +111,16 @@ class Course:
             report = report.model_copy(update={"figures": [f for f in report.figures if f.check is None or f.check in now]})
         staged = spec.model_copy(update={"week": week.id, "checks": [c for c in spec.checks if c.id in now],
                                          "later": sorted(known - now), "report": report})
-        return LabDir(path=path, spec=staged, graders=self.root / "graders" / track.lab)
+        return LabDir(path=path, spec=staged, graders=self.root / "graders" / track.lab, track=track.id)
+
+    def acceptance(self, week: Week, track: str | None = None) -> list[tuple[str, list[str]]]:
+        """(criterion, checks enforcing it) of a week; a project week adds the track's own checks to the generic
+        project checks the syllabus names."""
+        extra = self.track(track).acceptance.get(week.id, []) if week.on_track else []
+        if extra and len(extra) != len(week.acceptance):
+            raise CourseFileError(f"curriculum/tracks/{self.track(track).id}.yaml: acceptance of {week.id} has "
+                                  f"{len(extra)} entries; the syllabus has {len(week.acceptance)} criteria")
+        return [(c.text, [*c.checks, *(extra[i] if extra else [])]) for i, c in enumerate(week.acceptance)]
 
     def labs(self) -> list[LabDir]:
         """Every built week's lab (the project weeks with the chosen track's project, when one is chosen)."""

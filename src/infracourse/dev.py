@@ -19,6 +19,10 @@ from infracourse.syllabus import CourseFileError
 STRAY = re.compile(r"(__pycache__|\.pyc$|\.DS_Store$|~$|\.swp$|\.ipynb_checkpoints|\.backup-|\.grade)")
 CHECK_MARK = re.compile(r"""mark\.check\(\s*["']([a-z0-9-]+)["']""")
 REPORT_IMPORT = re.compile(r"^from infracourse\.grading\.report_check import test_report\b", re.M)
+PROJECT_IMPORT = re.compile(r"^from infracourse\.grading\.project import ([\w, ]+)", re.M)
+PROJECT_TESTS = {"test_environment_pinned": "environment-pinned", "test_run_command": "run-command",
+                 "test_project_plan": "project-plan", "test_bottleneck_evidence": "bottleneck-evidence",
+                 "test_project_report": "report"}
 
 
 def _names(folder: Path) -> set[str]:
@@ -51,13 +55,16 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
         marked |= set(CHECK_MARK.findall(text))
         if REPORT_IMPORT.search(text):
             marked.add("report")  # the one report checker, collected from the lab's graders
+        for names in PROJECT_IMPORT.findall(text):  # a project's generic checks (grading.project)
+            marked |= {PROJECT_TESTS[n.strip()] for n in names.split(",") if n.strip() in PROJECT_TESTS}
     ids = {c.id for c in spec.checks}
+    marked -= set(spec.later)  # a project's checks of later weeks
     if ids - marked:
         problems.append(f"{lab.graders}: no grader test for checks {sorted(ids - marked)}")
     if marked - ids:
         problems.append(f"{lab.graders}: tests name checks {sorted(marked - ids)} that lab.yaml does not define")
     week = course.week(spec.week)
-    named = {c for a in week.acceptance for c in a.checks}
+    named = {c for _, checks in course.acceptance(week, track=lab.track) for c in checks}
     if named - ids:
         problems.append(f"curriculum/syllabus.yaml {week.id}: acceptance names unknown checks {sorted(named - ids)}")
     return problems
@@ -90,6 +97,9 @@ def check_course(course: Course, week: str | None = None, *, grade: bool = True,
                  log: Callable[[str], None] = lambda _m: None) -> list[str]:
     try:
         labs = [course.lab(week)] if week else course.labs()
+        if not week:  # every track's whole project (week 24 grades all of it), whichever the learner chose
+            labs += [course.lab(w, track=t) for w in course.syllabus.weeks if w.on_track and w.id == "week24"
+                     for t in course.tracks if t != course.track_id]
     except (CourseFileError, KeyError) as exc:
         return [str(exc)]
     problems = []

@@ -127,6 +127,10 @@ class Track(_Strict):
     lab: str = Field(description="The project's folder under labs/ (its graders in graders/<lab>).")
     weeks: dict[str, list[str]] = Field(description="week22/week23/week24 -> the project checks that week adds; "
                                         "a week grades its own checks and every earlier week's.")
+    acceptance: dict[str, list[list[str]]] = Field(
+        default_factory=dict, description="week22/23/24 -> for each acceptance criterion of that week in the "
+        "syllabus (in order), the track's own checks that enforce it besides the generic project checks the "
+        "syllabus names.")
 
     @field_validator("weeks")
     @classmethod
@@ -134,6 +138,17 @@ class Track(_Strict):
         if sorted(value) != ["week22", "week23", "week24"]:
             raise ValueError(f"weeks must map week22, week23 and week24 (got {sorted(value)})")
         return value
+
+    @model_validator(mode="after")
+    def _acceptance_known(self) -> "Track":
+        listed = {c for checks in self.weeks.values() for c in checks}
+        for week, criteria in self.acceptance.items():
+            if week not in self.weeks:
+                raise ValueError(f"acceptance names {week!r}, not a project week")
+            unknown = {c for checks in criteria for c in checks} - listed
+            if unknown:
+                raise ValueError(f"acceptance of {week} names checks no week lists: {sorted(unknown)}")
+        return self
 
     def checks_until(self, week_id: str) -> list[str]:
         """The checks a grade of `week_id` runs: that week's and every earlier project week's."""

@@ -314,15 +314,29 @@ def test_run_command(learner, request, hardware, lab_check, tmp_path_factory, re
 
 
 @pytest.mark.check("project-plan")
-def test_project_plan(learner, request):
-    """Week 22's plan: question, architecture, environment, run command, baseline and the to-be-verified list."""
+def test_project_plan(learner, request, hardware, record):
+    """Week 22's plan: question, architecture, environment, run command, baseline, and the to-be-verified list
+    marked from the start: every check of the whole project (all three weeks) that this machine cannot run."""
+    from infracourse.syllabus import load_lab
+
     spec = _session(request).lab
     path = learner.path(spec.report.file)
     if not path.exists():
         raise LabCheckFailed(f"{path.name} is missing: `infracourse reset` brings the template back")
     text = path.read_text(encoding="utf-8")
-    read_project(text, path.name)
+    project = read_project(text, path.name)
     check_sections(sections(text), PLAN_SECTIONS, _template(request, spec), path.name)
+    whole = load_lab(Path(request.config.getoption("--infracourse-lab")))  # every week's checks, with their needs
+    cannot = {c.id: hardware.missing(c.needs) for c in whole.checks if not hardware.satisfies(c.needs)}
+    missing = sorted(set(cannot) - set(project.to_be_verified))
+    if missing:
+        raise LabCheckFailed(f"{path.name}: this machine cannot run {missing} ({'; '.join(cannot[c] for c in missing)}), "
+                             "but the project block's to_be_verified does not list them: mark every experiment that "
+                             "lacks its hardware as to be verified from the start (003 §3)")
+    unknown = sorted(set(project.to_be_verified) - {c.id for c in whole.checks})
+    if unknown:
+        raise LabCheckFailed(f"{path.name}: to_be_verified names {unknown}, which are not checks of this project")
+    record("checks to be verified", len(cannot))
 
 
 @pytest.mark.check("bottleneck-evidence")
