@@ -1,19 +1,63 @@
 """The NVIDIA track's project proves its grader: the solution passes weeks 22 and 24, the starter fails every check
 with a message that says what to do, each wrong variant the issue names fails its check, and an honest solution
-with another kernel structure passes."""
+with another kernel structure passes.
+
+A project's raw data and report figures belong to the machine that measured them: the shipped ones are a CPU's.
+On a GPU machine the proofs first run the project's own command (run.py) there and take its raw data and figures
+(`measured_here`), as a learner re-running the project on that machine would."""
+import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import replace_once
+from conftest import REPO, replace_once
 from labproof import assert_solution_passes, assert_variant_fails
 
 pytestmark = pytest.mark.slow
 
 TRACK = "nvidia"
+SOLUTION = REPO / "labs" / "track-nvidia" / "solution"
 HONEST = Path(__file__).parent / "fixtures" / "track-nvidia-honest"
 WEEK22 = {"environment-pinned", "run-command", "project-plan", "baseline-hotspot"}
+# report figure <- (raw file, key) as run.py writes them
+FIGURES = {"norm_share": ("baseline", "norm_share"), "launches_per_step": ("baseline", "launches_per_step"),
+           "copies_per_step": ("baseline", "copies_per_step"), "operator_speedup": ("optimised", "operator_speedup"),
+           "end_to_end_speedup": ("optimised", "end_to_end_speedup"),
+           "launches_per_step_optimised": ("optimised", "launches_per_step"), "mfu": ("baseline", "mfu")}
+
+
+def _figure(name: str, value: float):
+    def _edit(text: str) -> str:
+        pattern = re.compile(rf"^{name}:.*$", re.MULTILINE)
+        assert len(pattern.findall(text)) == 1, name
+        return pattern.sub(f"{name}: {value:.6g}", text)
+    return _edit
+
+
+def measured_here(machine, tmp_path, files: dict[str, str] | None = None) -> dict:
+    """Edits that give the solution (with `files` over it) this machine's raw data and report figures: none on a
+    CPU (what ships was measured on one), on a GPU the output of its run.py run here."""
+    if not machine.gpu_count:
+        return dict(files or {})
+    work = tmp_path / "measured-here"
+    shutil.copytree(SOLUTION, work, dirs_exist_ok=True)
+    for name, text in (files or {}).items():
+        (work / name).write_text(text)
+    subprocess.run([sys.executable, "run.py", "--out", "raw"], cwd=work, check=True, timeout=600)
+    raw = {kind: json.loads((work / "raw" / f"{kind}.json").read_text()) for kind in ("baseline", "optimised")}
+    edits = {**(files or {}), **{f"raw/{p.name}": p.read_text() for p in (work / "raw").glob("*.json")}}
+
+    def report(text: str) -> str:
+        for name, (kind, key) in FIGURES.items():
+            text = _figure(name, raw[kind][key])(text)
+        return re.sub(r"^to_be_verified:.*$", "to_be_verified: []", text, flags=re.MULTILINE)
+
+    edits["report.md"] = (lambda text, old=edits.get("report.md"): report(old or text))
+    return edits
 
 
 def test_kit_hotspot_reference_figures():
@@ -38,14 +82,14 @@ def test_kit_hotspot_reference_figures():
     assert counted + (0 if with_attention else attention) == hotspot.model_flops_per_step(cfg, size.tokens)
 
 
-def test_week22_solution_passes_with_its_own_checks_only(grade_lab, machine):
-    checks = assert_solution_passes(grade_lab, machine, "week22", track=TRACK)
+def test_week22_solution_passes_with_its_own_checks_only(grade_lab, machine, tmp_path):
+    checks = assert_solution_passes(grade_lab, machine, "week22", edits=measured_here(machine, tmp_path), track=TRACK)
     assert set(checks) == WEEK22
     assert checks["baseline-hotspot"].figures["launches per baseline step"].value > 0
 
 
-def test_week24_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
-    checks = assert_solution_passes(grade_lab, machine, "week24", track=TRACK)
+def test_week24_solution_passes_every_check_this_machine_can_run(grade_lab, machine, tmp_path):
+    checks = assert_solution_passes(grade_lab, machine, "week24", edits=measured_here(machine, tmp_path), track=TRACK)
     if not machine.gpu_count:
         assert "needs a CUDA GPU" in checks["operator-speedup-gpu"].message
     bound = checks["hotspot-effect"].figures["Amdahl bound"].value
@@ -64,46 +108,58 @@ def test_starter_fails_every_check_and_says_what_to_do(grade_lab):
         assert "operator-correct" in checks[later].message  # no credit before the operator is correct
 
 
-def _figure(name: str, value: float):
-    def _edit(text: str) -> str:
-        pattern = re.compile(rf"^{name}:.*$", re.MULTILINE)
-        assert len(pattern.findall(text)) == 1, name
-        return pattern.sub(f"{name}: {value}", text)
-    return _edit
+def _invented_regression(machine):
+    """The model's own norm shape, where the operator does not lose, recorded as a 0.5x regression."""
+    from infracourse.kit.hotspot import project_size
+
+    size = project_size("cuda" if machine.gpu_count else "cpu")
+    rows, cols = size.norm_shape
+    case = json.dumps({"rows": rows, "cols": cols, "dtype": str(size.dtype).removeprefix("torch."), "speedup": 0.5})
+    return lambda text: re.sub(r'"regression": \{.*?\}', f'"regression": {case}', text, flags=re.DOTALL)
 
 
 VARIANTS = {
     # a lock written for another machine
-    "torch pinned at another version": ("week22", "environment-pinned", {"requirements.lock": lambda text: re.sub(
-        r"^torch==.*$", "torch==2.9.1", text, flags=re.MULTILINE)}),
+    "torch pinned at another version": ("week22", "environment-pinned", lambda machine: {
+        "requirements.lock": lambda text: re.sub(r"^torch==.*$", "torch==2.9.1", text, flags=re.MULTILINE)}),
     # eps dropped from the square root, on both paths: rows far below sqrt(eps) blow up
-    "eps forgotten": ("week23", "operator-correct", {"fused_norm.py": lambda text: replace_once(
+    "eps forgotten": ("week23", "operator-correct", lambda machine: {"fused_norm.py": lambda text: replace_once(
         "tl.sum(x * x, axis=0) / n_cols + eps)", "tl.sum(x * x, axis=0) / n_cols)")(
         replace_once("x32.pow(2).mean(-1) + eps)", "x32.pow(2).mean(-1))")(text))}),
-    # a failure case that is not one: the model's own shape, where the operator does not lose, recorded at 0.5x
-    "invented regression": ("week24", "failure-case", {"raw/failure.json": lambda text: re.sub(
-        r'"regression": \{.*?\}', '"regression": {"rows": 256, "cols": 128, "dtype": "float32", "speedup": 0.5}',
-        text, flags=re.DOTALL)}),
+    # a failure case that is not one
+    "invented regression": ("week24", "failure-case", lambda machine: {"raw/failure.json": _invented_regression(machine)}),
 }
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_wrong_variant_fails_its_check(grade_lab, name):
+def test_wrong_variant_fails_its_check(grade_lab, machine, tmp_path, name):
     week, check_id, edits = VARIANTS[name]
-    assert_variant_fails(grade_lab, week, check_id, edits, track=TRACK)
+    wrong = edits(machine)
+    here = measured_here(machine, tmp_path)
+    for file, edit in here.items():  # this machine's data first, the variant's edit on top
+        if file in wrong:
+            wrong[file] = (lambda text, first=edit, then=wrong[file]:
+                           then(first(text) if callable(first) else first))
+        else:
+            wrong[file] = edit
+    assert_variant_fails(grade_lab, week, check_id, wrong, track=TRACK)
 
 
-def test_end_to_end_claim_above_the_amdahl_bound_fails(grade_lab):
-    """The operator's 1.5x read as the model's: far above what a norm of a few percent of the step allows."""
-    result, checks = grade_lab("week23", edits={"report.md": _figure("end_to_end_speedup", 1.5)}, track=TRACK)
+def test_end_to_end_claim_above_the_amdahl_bound_fails(grade_lab, machine, tmp_path):
+    """The operator's speed-up read as the model's: 3x end to end is far above what a norm of a minority share of
+    the step allows, on a CPU or a GPU."""
+    edits = measured_here(machine, tmp_path)
+    first = edits.get("report.md", lambda text: text)
+    edits["report.md"] = lambda text: _figure("end_to_end_speedup", 3.0)(first(text))
+    result, checks = grade_lab("week23", edits=edits, track=TRACK)
     assert not result.complete
     assert checks["amdahl-claim"].status == "failed", checks["amdahl-claim"].message
     message = checks["amdahl-claim"].message
-    assert "1.5x" in message and "share s = " in message and "Amdahl allows at most" in message
+    assert "speed-up of 3x" in message and "share s = " in message and "Amdahl allows at most" in message
 
 
-def test_honest_solution_with_row_blocks_passes(grade_lab, machine):
-    """Another kernel structure (several rows per program, the backward in torch from the saved rstd), another
-    CPU path (torch's F.rms_norm), another way to count FLOPs, and its own run's raw data and report."""
-    edits = {path.relative_to(HONEST).as_posix(): path.read_text() for path in HONEST.rglob("*") if path.is_file()}
-    assert_solution_passes(grade_lab, machine, "week24", edits=edits, track=TRACK)
+def test_honest_solution_with_row_blocks_passes(grade_lab, machine, tmp_path):
+    """Another kernel structure (several rows per program, the backward in torch from the saved rstd), another way
+    to count FLOPs, and its own run's raw data and report."""
+    files = {path.relative_to(HONEST).as_posix(): path.read_text() for path in HONEST.rglob("*") if path.is_file()}
+    assert_solution_passes(grade_lab, machine, "week24", edits=measured_here(machine, tmp_path, files), track=TRACK)
