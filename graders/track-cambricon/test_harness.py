@@ -17,11 +17,21 @@ from infracourse.kit.porting import KINDS, MODES, Perturbation, device_run, laye
 FP32_NOISE, BF16_NOISE = 1e-2, 0.2  # x rms of the layer's output
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _share(reference, device) -> float:
+    """A layer's max abs error as a share of its largest reference value."""
+    return layer_metrics(reference, device)["max_abs"] / reference.abs().max().item()
+
+
 def _verdict(harness, reference: dict, device: dict, what: str) -> dict:
     """harness.compare's result, type-checked, its figures checked against the judge's own."""
     got = harness.compare(reference, device)
     layers = got.get("layers") if isinstance(got, dict) else None
-    if not isinstance(layers, list) or [l.get("name") if isinstance(l, dict) else None for l in layers] != list(reference):
+    layers = layers if isinstance(layers, list) else []
+    if [entry.get("name") if isinstance(entry, dict) else None for entry in layers] != list(reference):
         raise LabCheckFailed(f"harness.compare ({what}) must return {{'layers': [one dict per layer, in the "
                              f"reference's order, each with its 'name'], 'first_divergent': name or None}}; got "
                              f"{str(got)[:200]}")
@@ -31,8 +41,7 @@ def _verdict(harness, reference: dict, device: dict, what: str) -> dict:
     for layer in layers:
         name = layer["name"]
         values = {k: layer.get(k) for k in ("max_abs", "max_rel", "cosine")}
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values.values()) \
-                or not isinstance(layer.get("ok"), bool):
+        if not all(_finite(v) for v in values.values()) or not isinstance(layer.get("ok"), bool):
             raise LabCheckFailed(f"harness.compare ({what}), layer {name}: each layer needs max_abs, max_rel, "
                                  f"cosine (finite numbers) and ok (a bool); got {str(layer)[:200]}")
         ours = layer_metrics(reference[name], device[name])
@@ -59,13 +68,12 @@ def test_harness_clean(harness, seed):
         what = f"a clean {dtype} device, {mode}, seed {seed}"
         verdict = _verdict(harness, reference, device, what)
         if verdict["flagged"] or verdict["first"] is not None:
-            worst = max(verdict["flagged"] or [verdict["first"]],
-                        key=lambda n: layer_metrics(reference[n], device[n])["max_abs"] / reference[n].abs().max().item())
+            worst = max(verdict["flagged"] or [verdict["first"]], key=lambda n: _share(reference[n], device[n]))
             ours = layer_metrics(reference[worst], device[worst])
             raise LabCheckFailed(
                 f"on {what} (the same model computed with other rounding, no fault) your harness flags "
                 f"{verdict['flagged'] or [verdict['first']]}. Layer {worst}: max abs error {ours['max_abs']:.3g}, "
-                f"{ours['max_abs'] / reference[worst].abs().max().item():.2g} of its largest value, cosine "
+                f"{_share(reference[worst], device[worst]):.2g} of its largest value, cosine "
                 f"{ours['cosine']:.9f}. A tolerance must allow the dtype's rounding (float32: about 1e-7 of the "
                 "scale, bfloat16: about 5e-3): compare against the dtype of the device tensors, relative to the "
                 "layer's scale, never bit for bit")
@@ -81,8 +89,8 @@ def _require_flags(verdict: dict, perturbed: list[str], reference, device, what:
         wrong = [n for n in verdict["flagged"] if n not in perturbed]
         missed = [n for n in perturbed if n not in verdict["flagged"]]
     if missed:
-        figures = "; ".join(f"{n}: max abs error {m['max_abs']:.3g} ({m['max_abs'] / reference[n].abs().max().item():.2g} "
-                            f"of its scale), cosine {m['cosine']:.9f}"
+        figures = "; ".join(f"{n}: max abs error {m['max_abs']:.3g} ({_share(reference[n], device[n]):.2g} of its "
+                            f"scale), cosine {m['cosine']:.9f}"
                             for n in missed for m in [layer_metrics(reference[n], device[n])])
         raise LabCheckFailed(
             f"on {what} the judge broke {perturbed}; your harness passed {missed} ({figures}). That is far above "
@@ -112,7 +120,8 @@ def test_harness_flags_perturbed(harness, seed, rng):
     for dtype, mode, layers, kind, scale in cases:
         perturbation = Perturbation(tuple(layers), kind, scale, seed)
         device = device_run({}, seed, BATCH, dtype=dtype, mode=mode, perturb=perturbation)
-        what = (f"a {dtype} device, {mode}, seed {seed}, with {'noise of ' + str(scale) + ' x rms' if kind == 'noise' else 'layers computed in ' + kind}")
+        broken = f"noise of {scale} x rms" if kind == "noise" else f"layers computed in {kind}"
+        what = f"a {dtype} device, {mode}, seed {seed}, with {broken}"
         verdict = _verdict(harness, reference, device, what)
         _require_flags(verdict, layers, reference, device, what, chained=mode == "chained")
 
@@ -154,11 +163,12 @@ def test_failure_case(harness, learner, record):
         raise LabCheckFailed(f"{what}: your harness finds no layer out of tolerance, so nothing broke. A failure "
                              "case is a dtype or an op where precision breaks: choose one your harness flags")
     recorded = data.get("result")
-    if not isinstance(recorded, dict) or recorded.get("first_divergent") != live["first"] or \
-            [l.get("ok") if isinstance(l, dict) else None for l in recorded.get("layers") or []] != \
-            [l["ok"] for l in live["layers"]]:
+    recorded = recorded if isinstance(recorded, dict) else {}
+    entries = recorded.get("layers") if isinstance(recorded.get("layers"), list) else []
+    verdicts = [entry.get("ok") if isinstance(entry, dict) else None for entry in entries]
+    if recorded.get("first_divergent") != live["first"] or verdicts != [entry["ok"] for entry in live["layers"]]:
         raise LabCheckFailed(
-            f"raw/failure.json records {str(recorded.get('first_divergent') if isinstance(recorded, dict) else recorded)[:80]!r} "
+            f"raw/failure.json records {str(recorded.get('first_divergent'))[:80]!r} "
             f"as the first divergent layer (and its verdicts per layer), but your harness, run now on the judge's "
             f"reproduction of that config, says {live['first']!r} (flagged {live['flagged']}). Rerun "
             "`python run.py --out raw` with your current harness and keep what it writes")

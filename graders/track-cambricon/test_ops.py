@@ -37,13 +37,15 @@ def test_op_list(learner, record):
     for model, batch in (({}, BATCH), (OTHER, 3)):
         got = ops.traced_ops(model, batch)
         if not isinstance(got, dict) or not all(isinstance(k, str) and type(v) is int for k, v in got.items()):
-            raise LabCheckFailed(f"ops.traced_ops({model}, {batch}) returned {str(got)[:120]}: return {{op name: count}}")
+            raise LabCheckFailed(f"ops.traced_ops({model}, {batch}) returned {str(got)[:120]}: return "
+                                 "{op name: count}")
         _diff(got, dict(traced_ops(model, batch)), f"ops.traced_ops({model}, {batch})")
     data = read_raw(learner, "ops.json")
     model, batch = model_of(data, "ops.json"), data.get("batch")
     entries = data.get("ops")
-    if type(batch) is not int or not 1 <= batch <= 64 or not isinstance(entries, list) or \
-            not all(isinstance(e, dict) and isinstance(e.get("op"), str) and type(e.get("count")) is int for e in entries):
+    well_formed = isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("op"), str) and type(e.get("count")) is int for e in entries)
+    if type(batch) is not int or not 1 <= batch <= 64 or not well_formed:
         raise LabCheckFailed("raw/ops.json needs `model`, `batch` (1..64) and `ops`: [{op, count, mlu_status, "
                              "source}, ...], as the handout shows")
     ours = dict(traced_ops(model, batch))

@@ -226,7 +226,3 @@ def measured_bytes(config: dict | None, batch: int, dtype: str = "float32") -> d
     activations = sum(o.numel() * o.element_size() for o in outputs.values())
     return {"weights": weights, "kv_cache": kv, "activations": activations}
 
-
-def summarise(outputs: dict[str, torch.Tensor]) -> dict[str, dict]:
-    return {name: {"shape": list(t.shape), "sum": float(t.double().sum()), "abs_max": float(t.abs().max()),
-                   "first": [float(v) for v in t.flatten()[:4]]} for name, t in outputs.items()}
