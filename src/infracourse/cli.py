@@ -60,6 +60,8 @@ app = typer.Typer(cls=_Group, no_args_is_help=True, context_settings={"help_opti
                   help="A self-paced AI-infrastructure course graded on your own hardware.")
 dev_app = typer.Typer(help="Tools for course authors.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
+track_app = typer.Typer(help="Weeks 22-24: list the direction tracks and choose yours.", no_args_is_help=True)
+app.add_typer(track_app, name="track")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whole paths included
 
@@ -199,10 +201,43 @@ def unlock(week: str = typer.Argument(..., help="week07, 7 or w7"), workspace: O
     views.print_unlock(console, course, ws.unlock(course, _week(course, week)))
 
 
+@track_app.command("list")
+@_guarded
+def track_list(workspace: Optional[Path] = WorkspaceOpt):
+    """The tracks of weeks 22-24: what each project is, and which one you chose."""
+    from infracourse.workspace import Workspace, WorkspaceError
+
+    try:
+        chosen = Workspace.find(workspace or _global["workspace"]).track
+    except WorkspaceError:
+        chosen = None  # listing needs no workspace
+    views.print_tracks(console, Course(), chosen)
+
+
+@track_app.command("choose")
+@_guarded
+def track_choose(name: str = typer.Argument(..., help="A track id from `infracourse track list`."),
+                 workspace: Optional[Path] = WorkspaceOpt):
+    """Choose your track: weeks 22-24 then unlock its project (in project/)."""
+    ws, course = _context(workspace)
+    moved = ws.choose_track(course, name)
+    track = course.track(name)
+    console.print(f"Track [bold]{escape(track.title)}[/bold] chosen." +
+                  (escape(f" Your earlier project was moved to {moved}.") if moved else "") +
+                  escape(" Next: `infracourse unlock week22` (or `infracourse next` when you get there)."))
+
+
 @_command()
-def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Option(False, "--json")):
+def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Option(False, "--json"),
+           completion: bool = typer.Option(False, "--completion", help="The course's six completion criteria "
+                                            "(003 §11) and the checks behind each, from your last grades."),
+           certificate: Optional[Path] = typer.Option(None, "--certificate", help="With --completion: write the "
+                                                      "certificate as FOLDER/completion.json and completion.html.")):
     """Every week: locked / unlocked / passed / verified on GPU, last grade; overall progress and what next."""
     ws, course = _context(workspace)
+    if completion or certificate:
+        _completion(ws, course, as_json, certificate)
+        return
     rows = views.status_rows(ws, course)
     if as_json:
         from infracourse.hardware import detect  # scripts get this machine's tier; the table does not need it
@@ -212,6 +247,26 @@ def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Optio
                           "next": views.next_step(ws, course)}, indent=1))
         return
     views.print_status(console, rows, views.next_step(ws, course))
+
+
+def _completion(ws, course, as_json: bool, out: Optional[Path]) -> None:
+    import yaml
+
+    from infracourse import completion as done
+
+    results = {w.id: r for w in course.syllabus.weeks if (r := ws.progress.last_grade(w.id)) is not None}
+    config = yaml.safe_load((ws.meta / "config.yaml").read_text()) or {}
+    cert = done.certificate(course, results, learner=config.get("learner"), track=ws.track)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "completion.json").write_text(json.dumps(cert, indent=1))
+        (out / "completion.html").write_text(done.certificate_page(cert))
+    if as_json:
+        print(json.dumps(cert, indent=1))
+    else:
+        views.print_completion(console, cert)
+        if out:
+            console.print(escape(f"wrote {out / 'completion.json'} and {out / 'completion.html'}"))
 
 
 @_command()

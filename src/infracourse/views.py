@@ -76,8 +76,39 @@ def next_step(ws: Workspace, course: Course) -> str:
             return f"infracourse watch {week.id}   ({week.title}; stuck? infracourse hint {week.id})"
     week = ws.next_week(course)
     if week is None:
-        return "every week is unlocked and passed: `infracourse submit WEEK` sends one to your instructor"
+        return ("every week is unlocked and passed: `infracourse status --completion` shows the course's completion "
+                "criteria; `infracourse submit WEEK` sends a week to your instructor")
+    if week.on_track and course.track_id is None:
+        return f"infracourse track list   (weeks 22-24 are the project of the track you choose; then unlock {week.id})"
     return f"infracourse next   (unlocks {week.id}: {week.title})"
+
+
+def print_tracks(console: Console, course: Course, chosen: str | None) -> None:
+    table = Table(title="the direction tracks of weeks 22-24")
+    for column in ("track", "project", "checks (week 22 / 23 / 24)"):
+        table.add_column(column, overflow="fold")
+    for track in course.tracks.values():
+        mark = " [bold green](chosen)[/]" if track.id == chosen else ""
+        table.add_row(escape(track.id) + mark, f"[bold]{escape(track.title)}[/bold]\n{escape(track.summary)}",
+                      " / ".join(str(len(track.weeks[w])) for w in ("week22", "week23", "week24")))
+    console.print(table)
+    console.print("choose with `infracourse track choose NAME`; a check that needs hardware you lack is blocked "
+                  "and listed as to be verified in your report, never simulated")
+
+
+def print_completion(console: Console, cert: dict) -> None:
+    colour = {"met": "green", "met, to be verified": "yellow", "not met": "red"}
+    table = Table(title="completion criteria (003 §11)" + (f" — track {escape(cert['track'])}" if cert["track"] else ""))
+    for column in ("criterion", "state", "backed by (week:check status)"):
+        table.add_column(column, overflow="fold")
+    for c in cert["criteria"]:
+        table.add_row(escape(c["text"]), f"[{colour[c['state']]}]{escape(c['state'])}[/]",
+                      escape(", ".join(f"{b['week']}:{b['check']} {b['status']}" for b in c["backing"])))
+    console.print(table)
+    met = sum(c["state"] != "not met" for c in cert["criteria"])
+    console.print(f"{progress_bar(met, len(cert['criteria']))} {met}/{len(cert['criteria'])} criteria met" +
+                  (escape(f"; to be verified on hardware you lack: {', '.join(cert['to_be_verified'])}")
+                   if cert["to_be_verified"] else ""))
 
 
 def progress_bar(done: int, total: int, width: int = 24) -> str:
