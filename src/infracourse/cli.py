@@ -391,12 +391,18 @@ def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceO
 
 @_command()
 def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure this GPU's ceilings (cached)."),
-           as_json: bool = typer.Option(False, "--json")):
+           as_json: bool = typer.Option(False, "--json"),
+           plan: bool = typer.Option(False, "--plan", help="For each week ahead: what runs here, what is blocked, "
+                                     "and the GPUs, minutes and memory to rent for it."),
+           workspace: Optional[Path] = WorkspaceOpt):
     """Versions, GPU, tier, what will be blocked here; --calibrate measures this GPU's ceilings."""
     from infracourse.hardware import calibrate as run_calibration
     from infracourse.hardware import cached_ceilings, detect, toolchain_warnings
 
     hw = detect()
+    if plan:
+        _plan(hw, workspace, as_json)
+        return
     ceilings = None
     if calibrate:
         if not hw.gpu_count:
@@ -420,6 +426,27 @@ def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure th
     console.print(f"sandbox for learner code: {escape(confined.describe())}" if confined.available else
                   f"[yellow]sandbox for learner code: {escape(confined.describe())}[/yellow] — your own grades "
                   "still work (unsandboxed); `cohort regrade` needs --allow-unsandboxed here")
+
+
+def _plan(hw, workspace: Optional[Path], as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from infracourse.plan import plan, rent_total
+    from infracourse.workspace import Workspace, WorkspaceError
+
+    try:  # inside a workspace: the weeks not yet passed, and the chosen track's project
+        ws = Workspace.find(workspace or _global["workspace"])
+        course = Course(track=ws.track)
+        done = {w for w, s in ws.progress.weeks_summary().items() if s.get("passed")}
+    except WorkspaceError:
+        course, done = Course(), set()
+    rows = plan(course, hw, done)
+    if as_json:
+        print(json.dumps({"device": hw.device_name, "weeks": [asdict(r) for r in rows],
+                          "rent_minutes_by_gpus": rent_total(rows)}, indent=1))
+        return
+    console.print(escape(f"this machine: {hw.device_name} (tier {hw.tier})"))
+    views.print_plan(console, rows, rent_total(rows))
 
 
 @_command()

@@ -41,6 +41,16 @@ class Criterion(_Strict):
     )
 
 
+class GpuBudget(_Strict):
+    """What to rent for a week whose checks need GPUs (003 §10: decide experiments, memory, budget and stop
+    conditions before renting)."""
+
+    devices: int = Field(default=1, ge=1, description="GPUs in one machine the week's GPU checks need.")
+    minutes: float = Field(gt=0, description="Device minutes for the week's GPU grades and runs: the reference's "
+                           "grade time on an H200 (docs/gpu-results.md) times a few attempts, rounded up.")
+    memory_gib: float = Field(gt=0, description="Device memory per GPU the largest check uses, GiB, rounded up.")
+
+
 class Week(_Strict):
     id: str = Field(description="weekNN, 01..24.")
     phase: str = Field(description="The syllabus block, e.g. 'Weeks 7-10: device programming'.")
@@ -48,6 +58,8 @@ class Week(_Strict):
     objectives: list[str] = Field(min_length=1)
     readings: list[Reading] = Field(default_factory=list)
     hours: float = Field(gt=0, description="Estimated hours of work (the syllabus suggests 8-12 a week).")
+    gpu: GpuBudget | None = Field(default=None, description="For `infracourse doctor --plan`: what the week's GPU "
+                                  "checks need (none: the week runs whole on a CPU).")
     lab: str = Field(description="Folder under labs/ holding this week's lab, 'planned' while unbuilt, or 'track': "
                      "the direction project of the track the learner chose (curriculum/tracks/*.yaml).")
     acceptance: list[Criterion] = Field(default_factory=list)
@@ -125,6 +137,8 @@ class Track(_Strict):
     title: str
     summary: str = Field(description="What the project is, in two or three sentences.")
     lab: str = Field(description="The project's folder under labs/ (its graders in graders/<lab>).")
+    gpu: GpuBudget | None = Field(default=None, description="What the project's GPU checks need, per project week "
+                                  "(`doctor --plan`; none: no GPU checks).")
     weeks: dict[str, list[str]] = Field(description="week22/week23/week24 -> the project checks that week adds; "
                                         "a week grades its own checks and every earlier week's.")
     acceptance: dict[str, list[list[str]]] = Field(

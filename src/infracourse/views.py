@@ -246,6 +246,29 @@ def print_doctor(console: Console, hw: Hardware, ceilings: Ceilings | None, bloc
         console.print("[green]every built check can run on this machine[/green]")
 
 
+def print_plan(console: Console, rows: list, totals: dict[int, float]) -> None:
+    """`doctor --plan`: per remaining week, what runs here, what is blocked, what to rent."""
+    table = Table(title="the weeks ahead on this machine (003 §10)")
+    for column in ("week", "runs here", "blocked here (why)", "to rent"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        if row.note:
+            table.add_row(escape(row.week), f"[dim]{escape(row.note)}[/dim]", "", "")
+            continue
+        rent = (f"{row.rent.devices} GPU{'s' if row.rent.devices > 1 else ''}, ~{row.rent.minutes:g} min, "
+                f"{row.rent.memory_gib:g} GiB" if row.rent else "")
+        table.add_row(escape(row.week), str(len(row.runs)),
+                      escape("; ".join(f"{c} ({why.split(';')[0]})" for c, why in row.blocked)), escape(rent))
+    console.print(table)
+    if totals:
+        console.print("to rent for what is blocked here: " + ", ".join(
+            f"~{m:g} device-minutes on {d}-GPU machines" for d, m in sorted(totals.items())) +
+            " (minutes: the reference's grades on an H200, a few attempts); decide the experiments and a stop "
+            "condition before renting")
+    else:
+        console.print("[green]no GPU to rent for the weeks ahead[/green]")
+
+
 def print_syllabus(console: Console, weeks: list[Week], detail: bool) -> None:
     if not detail:
         table = Table(title="infracourse syllabus")
