@@ -8,7 +8,9 @@ import pytest
 from conftest import load_point
 from infracourse.guard import LabCheckFailed, WrongOutput
 
-CUDA_THRESHOLD = 4.0  # the H200 target; the CPU target is lab.yaml's threshold
+# On the H200 the reference measured 4.04x and 3.04x in two grades (2026-12-03, 12 ms floor): the 4x asked of
+# the reference there is not met reliably at this load point, so a GPU grade asks what a CPU grade asks.
+CUDA_THRESHOLD = 3.0
 TTFT_SLACK = 1.25  # P99 TTFT may exceed static batching's by this factor (two runs of a loaded machine differ)
 _attempts = []
 
