@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--with", dest="overlays", action="append", default=[], metavar="FILE=SOURCE",
                         help="grade the solution with FILE replaced by SOURCE (an honest variant from tests/)")
     parser.add_argument("--repeat", type=int, default=1, help="grade each lab this many times in a row")
+    parser.add_argument("--track", help="the track whose project weeks 22-24 grade (curriculum/tracks/)")
     parser.add_argument("--run", help="a command of the lab (e.g. 'python bench.py') run in the copied solution "
                         "before grading, as a learner on this machine would; a ```yaml figures block it prints "
                         "replaces the report's")
@@ -39,7 +40,7 @@ def main() -> None:
                         help="when the report's figures (written on another machine) disagree with this machine's, "
                              "write this grade's measurements into the figures block and grade once more")
     args = parser.parse_args()
-    course, hw = Course(), detect()
+    course, hw = Course(track=args.track), detect()
     labs = [course.lab(w) for w in args.weeks] if args.weeks else course.labs()
     results = []
     print(f"device: {hw.device_name}; torch {hw.torch}; triton {hw.triton}; cuda {hw.cuda}; driver {hw.driver}")
