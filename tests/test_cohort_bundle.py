@@ -10,13 +10,14 @@ import pytest
 
 from infracourse import __version__
 from infracourse.cohort import synthetic
-from infracourse.cohort.bundle import BundleError, graders_digest, read_bundle, submit
+from infracourse.cohort.bundle import BundleError, Manifest, graders_digest, read_bundle, submit
 from infracourse.course import Course
 from infracourse.hardware import calibration_path
 from infracourse.workspace import Workspace
 
 from cohort_support import members, rezip
 from conftest import REPO
+from minicourse import FIXTURE as FIXTURE_COURSE
 
 GPU, GPU_CEILINGS = synthetic.DEVICES[1]
 
@@ -179,10 +180,33 @@ def test_malformed_bundle_is_refused_naming_file_and_fix(case, course, good, tmp
 
 
 def test_planned_week_is_unknown_to_the_course(good, tmp_path):
-    bad = rezip(tmp_path / "planned.zip", _manifest(good, week="week22"))
-    with pytest.raises(BundleError, match="week22 is planned: its lab is not built") as caught:
-        read_bundle(bad, Course(REPO))
+    bad = rezip(tmp_path / "planned.zip", _manifest(good, week="week02"))  # every week of the course is built
+    with pytest.raises(BundleError, match="week02 is planned: its lab is not built") as caught:
+        read_bundle(bad, Course(FIXTURE_COURSE))
     assert caught.value.kind == "unknown-week"
+
+
+def test_project_week_without_a_track_is_refused(good, tmp_path):
+    bad = rezip(tmp_path / "no-track.zip", _manifest(good, week="week22"))
+    with pytest.raises(BundleError, match="week22 is a week of the direction project but manifest.json names no "
+                       "track") as caught:
+        read_bundle(bad, Course(REPO))
+    assert caught.value.kind == "track" and "infracourse track choose" in str(caught.value)
+    unknown = rezip(tmp_path / "unknown-track.zip", _manifest(good, week="week22", track="quantum"))
+    with pytest.raises(BundleError, match="names track 'quantum', which this course does not have"):
+        read_bundle(unknown, Course(REPO))
+    stray = rezip(tmp_path / "stray-track.zip", _manifest(good, track="platform"))
+    with pytest.raises(BundleError, match="not a project week"):
+        read_bundle(stray, Course(REPO))
+
+
+def test_a_bundle_of_weeks_1_to_21_reads_and_signs_as_before_the_track_field(good):
+    """No `track` key in its manifest, its signature and its id: bundles and gradebooks made before the
+    tracks stay valid (same signature, same duplicate detection)."""
+    manifest = json.loads(members(good)["manifest.json"])
+    assert "track" not in manifest
+    m = Manifest.model_validate(manifest)
+    assert m.track is None and b"track" not in m.signed_bytes() and "track" not in m.canonical()
 
 
 def test_missing_bundle_file_names_it(course, tmp_path):

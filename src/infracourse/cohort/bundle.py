@@ -1,7 +1,8 @@
 """A submission bundle: what `infracourse submit weekNN` writes and what `infracourse cohort import` reads.
 
 Layout of `<workspace>/submissions/weekNN-<UTC timestamp>.zip` (format_version 2; 1 is read, unsigned):
-  manifest.json    `Manifest`: learner, week, versions, device + environment, calibrated ceilings, the
+  manifest.json    `Manifest`: learner, week, the track of a project week (22-24; absent for the others),
+                   versions, device + environment, calibrated ceilings, the
                    sha256 and size of every other member, and `signature`: HMAC-SHA256 under the learner's
                    secret (issued by the instructor, `cohort.roster`) over all of the above, so neither the
                    learner id nor any file can be changed without that secret
@@ -80,6 +81,9 @@ class Manifest(_Strict):
     kind: Literal["infracourse-submission"] = "infracourse-submission"
     learner: str = Field(pattern=LEARNER_ID, description="The learner's id (workspace config `learner:` or --learner).")
     week: str = Field(pattern=WEEK_ID.pattern, description="weekNN of the submitted lab.")
+    track: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,63}$", description="The learner's track "
+                              "(workspace config `track:`) for a project week (22-24): the project graded and "
+                              "submitted; null (and left out of the file and the signature) for weeks 1-21.")
     created_at: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", description="When submitted, UTC.")
     infracourse_version: str = Field(description="Version of the engine (and its graders) that graded it.")
     graders_sha256: str = Field(pattern=SHA256, description="Digest of lab.yaml and graders/weekNN (graders_digest).")
@@ -91,10 +95,19 @@ class Manifest(_Strict):
     signature: str | None = Field(None, pattern=SHA256, description="HMAC-SHA256 (hex) of `signed_bytes()` "
                                   "under the learner's secret; null when submitted without one.")
 
+    def canonical(self) -> dict:
+        """Every field; `track` only when set, so a bundle of weeks 1-21 reads (and signs, and is identified)
+        exactly as it did before the field existed."""
+        return self.model_dump(exclude=None if self.track is not None else {"track"})
+
     def signed_bytes(self) -> bytes:
-        """What the signature covers: every field but the signature (so every file's hash), canonically."""
-        body = self.model_dump(exclude={"signature"})
+        """What the signature covers: every field but the signature (so every file's hash and the track),
+        canonically."""
+        body = {k: v for k, v in self.canonical().items() if k != "signature"}
         return b"infracourse-submission\0" + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def as_json(self) -> str:
+        return self.model_dump_json(indent=1, exclude=None if self.track is not None else {"track"})
 
     def signed_by(self, key: bytes) -> bool:
         return self.signature is not None and hmac.compare_digest(self.signature, sign(self, key))
@@ -122,7 +135,12 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
     `secret:` in the workspace config; none: unsigned, which a gradebook with a roster refuses); returns
     `<workspace>/submissions/weekNN-<timestamp>.zip`."""
     week = course.week(week_ref)
-    lab = course.lab(week)
+    track = workspace.track if week.on_track else None
+    if week.on_track and track is None:
+        raise BundleError(workspace.meta / "config.yaml", "track", f"{week.id} is a week of the direction project, "
+                          "and this workspace has no track chosen: choose yours (`infracourse track list`, then "
+                          "`infracourse track choose NAME`), grade the week, then submit")
+    lab = course.lab(week, track=track)
     config = _config(workspace)
     secret = _secret(workspace, config, secret_file)
     who = learner or config.get("learner") or (secret and secret[0])
@@ -138,6 +156,12 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
     if result is None:
         raise BundleError(workspace.root, "submit", f"{week.id} has no grade yet: run `infracourse grade {week.id}` "
                           "first (the bundle carries your last grade), then submit")
+    unknown = sorted({c.id for c in result.checks} - {c.id for c in lab.spec.checks})
+    if unknown:
+        raise BundleError(workspace.root, "submit", f"your last grade of {week.id} has check(s) {', '.join(unknown)} "
+                          f"that {week.id} of " + (f"the {track} track" if track else "this course") + " does not "
+                          f"have (graded before changing track or course?): run `infracourse grade {week.id}` "
+                          "again, then submit")
     folder = workspace.week_dir(week)
     files = learner_files(folder)
     missing = [name for name in lab.spec.files if name not in files]
@@ -152,7 +176,7 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
     hw = hardware or detect()
     ceilings = cached_ceilings(hw) if hw.gpu_count else None
     created = time.gmtime()
-    fields = dict(learner=who, week=week.id, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", created),
+    fields = dict(learner=who, week=week.id, track=track, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", created),
                   infracourse_version=__version__, graders_sha256=graders_digest(lab),
                   environment=hw.as_dict(), ceilings=asdict(ceilings) if ceilings else None)
     out = workspace.root / "submissions"
@@ -177,7 +201,7 @@ def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dic
         manifest.signature = sign(manifest, key)
     part = path.with_name(path.name + ".part")
     with zipfile.ZipFile(part, "w") as zf:
-        for name, data in {MANIFEST: manifest.model_dump_json(indent=1).encode(), **members}.items():
+        for name, data in {MANIFEST: manifest.as_json().encode(), **members}.items():
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # same content, same bytes
             info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
             zf.writestr(info, data)
@@ -269,11 +293,35 @@ def parse_bundle(data: bytes, course: Course, *, source: str) -> Bundle:
     if week is None or week.planned:
         raise BundleError(source, "unknown-week", f"week {manifest.week!r} has no lab in this course ({why}); "
                           "check that the gradebook's course (INFRACOURSE_COURSE) is the one the learner took")
+    _check_track(manifest, week, course, source)
     _check_hashes(members, manifest, source)
     return Bundle(source=source, manifest=manifest, results=_results(members[RESULTS], manifest, source),
                   files={n[len(FILES):]: b for n, b in members.items() if n.startswith(FILES)},
                   results_json=members[RESULTS].decode(), data=data,
-                  bundle_id=hashlib.sha256(json.dumps(manifest.model_dump(), sort_keys=True).encode()).hexdigest())
+                  bundle_id=hashlib.sha256(json.dumps(manifest.canonical(), sort_keys=True).encode()).hexdigest())
+
+
+def lab_of(course: Course, week: str, track: str | None) -> LabDir:
+    """The lab a submission of `week` was graded against: for a project week (22-24), `track`'s project as
+    staged for that week; else the week's lab (`track` is then None)."""
+    return course.lab(week, track=track)
+
+
+def _check_track(manifest: Manifest, week, course: Course, source: str) -> None:
+    """A project week's bundle names a track of this course; any other week's names none."""
+    if week.on_track and manifest.track is None:
+        raise BundleError(source, "track", f"{manifest.week} is a week of the direction project but {MANIFEST} "
+                          "names no track, so there is no telling which project to grade: ask the learner to "
+                          "choose theirs (`infracourse track choose NAME`), update infracourse if it is older "
+                          f"than the tracks, grade and run `infracourse submit {manifest.week}` again, and send "
+                          "the new .zip unchanged")
+    if week.on_track and manifest.track not in course.tracks:
+        raise BundleError(source, "track", f"{MANIFEST} names track {manifest.track!r}, which this course does not "
+                          f"have ({', '.join(course.tracks) or 'none'}); check that the gradebook's course "
+                          "(INFRACOURSE_COURSE) is the one the learner took")
+    if not week.on_track and manifest.track is not None:
+        raise BundleError(source, "track", f"{MANIFEST} names track {manifest.track!r} but {manifest.week} is not "
+                          f"a project week (tracks are for weeks 22-24); {RESEND}")
 
 
 def _read_members(zf: zipfile.ZipFile, source: str) -> dict[str, bytes]:

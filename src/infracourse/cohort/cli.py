@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from infracourse.cohort import bundle, deadlines, export, gradebook, publish, regrade, release, roster, similarity
+from infracourse.cohort import bundle, certificates, deadlines, export, gradebook, publish, regrade, release, roster
+from infracourse.cohort import similarity
 from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
 from infracourse.progress import ProgressError
@@ -27,7 +28,7 @@ console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
 FAILURES = (regrade.UnsandboxedError, cluster.SlurmError, roster.RosterError, deadlines.DeadlineError,
             bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
-            publish.PublishError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
+            publish.PublishError, certificates.CertificateError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
                             help="The gradebook file (default: gradebook.db in the current folder).")
 
@@ -64,7 +65,8 @@ def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
                                                               "bundle so no one else can submit as you.")):
     """Bundle a week's files with your last grade and this machine's facts, signed, for your instructor."""
     with _reported():
-        path = bundle.submit(Workspace.find(workspace), Course(), week, learner=learner, secret_file=secret_file)
+        ws = Workspace.find(workspace)
+        path = bundle.submit(ws, Course(track=ws.track), week, learner=learner, secret_file=secret_file)
     print(path)
 
 
@@ -270,3 +272,28 @@ def publish_(out: Path = typer.Option(..., "--out", help="Folder for the static 
 
 def _passed(result) -> str:
     return f"{result.count('passed')}/{len(result.checks)}" + (" complete" if result.complete else "")
+
+
+@cohort_app.command("verify-certificate")
+def verify_certificate_(certificate: Path = typer.Argument(..., help="The learner's completion.json (from "
+                                                           "`infracourse status --completion --certificate DIR`)."),
+                        learner: Optional[str] = typer.Option(None, "--learner", help="Their id in the gradebook "
+                                                              "(default: the one the certificate names)."),
+                        gradebook_file: Path = GradebookOpt):
+    """Check a learner's completion certificate against your regrades of their newest submissions (a week not
+    regraded counts as not graded). Exit 0: every claim is borne out; 1: problems, listed; 2: bad input."""
+    with _reported():
+        cert = certificates.load_certificate(certificate)
+        who, results, problems = certificates.verify(gradebook.Gradebook(gradebook_file), Course(), cert, learner)
+    weeks = ", ".join(sorted(results)) or "none"
+    console.print(escape(f"{certificate}: {who}, checked against the verified grades of week(s) {weeks}"))
+    if not results:
+        console.print(escape(f"no submission of {who} is regraded yet: run `infracourse cohort regrade --learner "
+                             f"{who}` first; every claim of 'met' is unverified until then"))
+    for problem in problems:
+        console.print(f"[red]not borne out[/red] {escape(problem)}")
+    if problems:
+        console.print(f"{len(problems)} problem(s): the certificate claims more than your regrades show.")
+        raise typer.Exit(1)
+    console.print("[green]verified[/green]: every criterion and check the certificate claims is borne out by your "
+                  "regrades.")

@@ -8,7 +8,8 @@ On-disk format (`PRAGMA user_version` = SCHEMA_VERSION; a version-1 gradebook is
               graders_sha256, manifest_json, bundle, received_at, signed)   the bundle's zip is kept, byte
               for byte; `submitted_at` is the learner's claim, `received_at` the gradebook's own clock (or
               the instructor's `--received-at`): only the latter orders submissions and judges lateness;
-              `signed` 1 when the bundle's signature was checked against the roster
+              `signed` 1 when the bundle's signature was checked against the roster; the track of a project
+              week (22-24) is read from `manifest_json` (`$.track`, signed with the rest), so needs no column
   results(id, submission_id, origin 'self'|'verified', graded_at, tier, device, fingerprint, passed, total,
           complete, verified_on_gpu, environment_json, ceilings_json, disagreements_json, result_json)
           'self' comes from the bundle; 'verified' from `cohort regrade` on the instructor's machine
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from infracourse.cohort.bundle import Bundle, BundleError, check_claims, read_bundle
+from infracourse.cohort.bundle import Bundle, BundleError, check_claims, lab_of, read_bundle
 from infracourse.cohort.performance import MEASURED, normalised
 from infracourse.cohort.roster import Learner, new_key
 from infracourse.course import Course
@@ -106,6 +107,7 @@ class Submission:
     week: str
     submitted_at: str
     source: str
+    track: str | None = None  # a project week's (22-24) track, from the signed manifest; None for weeks 1-21
 
 
 class Gradebook:
@@ -255,7 +257,8 @@ class Gradebook:
     # ------------------------------------------------------------ regrade
     def latest_submissions(self, *, week: str | None = None, learner: str | None = None) -> list[Submission]:
         """The newest submission of each learner x week (what export and regrade consider)."""
-        query = ("SELECT id, learner, week, received_at, source FROM submissions s WHERE id = (SELECT id FROM "
+        query = ("SELECT id, learner, week, received_at, source, json_extract(manifest_json, '$.track') "
+                 "FROM submissions s WHERE id = (SELECT id FROM "
                  "submissions t WHERE t.learner = s.learner AND t.week = s.week ORDER BY received_at DESC, "
                  "submitted_at DESC, id DESC LIMIT 1)")
         args: list = []
@@ -308,6 +311,9 @@ class Gradebook:
                                       "verified_on_gpu, disagreements_json FROM results ORDER BY id").fetchall(),
                 "figures": db.execute("SELECT result_id, check_id, name, value, unit, normalised FROM figures "
                                       "ORDER BY result_id, check_id, name").fetchall(),
+                # submission id -> track, for project weeks (22-24) only
+                "tracks": dict(db.execute("SELECT id, json_extract(manifest_json, '$.track') FROM submissions "
+                                          "WHERE json_extract(manifest_json, '$.track') IS NOT NULL").fetchall()),
             }
             db.execute("COMMIT")
         return snap
@@ -335,9 +341,9 @@ class Checker:
                                       + "): it was made without that learner's secret or changed after signing; "
                                       "ask the learner to run `infracourse submit WEEK --secret-file THEIR.secret` "
                                       "and send the new .zip unchanged")
-            if m.week not in self.checks:
-                self.checks[m.week] = {c.id for c in self.course.lab(m.week).spec.checks}
-            check_claims(bundle, self.checks[m.week])
+            if (m.week, m.track) not in self.checks:  # a project week: the track's project staged for it
+                self.checks[m.week, m.track] = {c.id for c in lab_of(self.course, m.week, m.track).spec.checks}
+            check_claims(bundle, self.checks[m.week, m.track])
             return path, bundle
         except BundleError as exc:
             return path, exc

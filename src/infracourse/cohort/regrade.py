@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from infracourse import sandbox
-from infracourse.cohort.bundle import parse_bundle
+from infracourse.cohort.bundle import lab_of, parse_bundle
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.course import Course
 from infracourse.grading.results import CheckResult, GradeResult
@@ -118,24 +118,30 @@ def regrade(gradebook: Gradebook, course: Course, *, week: str | None = None, le
 
 
 def grade_submission(course: Course, submission_id: int, week: str, data: Callable[[], bytes], *,
-                     hardware: Hardware, timeout_scale: float = 1.0, source: str = "") -> Outcome:
+                     hardware: Hardware, timeout_scale: float = 1.0, source: str = "",
+                     track: str | None = None) -> Outcome:
     """Unpack one bundle (`data()` reads it) into a fresh temporary folder, grade it, compare with the
-    self-reported result. Never raises for a fault of the submission: it becomes an Outcome with `error` set."""
+    self-reported result. A project week (22-24) is graded against the project of the track its signed
+    manifest names, staged for that week (`track`, the gradebook's reading of the same manifest, only names
+    the checks of an error result when the bundle no longer parses). Never raises for a fault of the
+    submission: it becomes an Outcome with `error` set."""
     environment = hardware.as_dict()
     ceilings = cached_ceilings(hardware) if hardware.gpu_count else None
     try:
         bundle = parse_bundle(data(), course, source=source or f"submission {submission_id}")
+        track = bundle.manifest.track
+        lab = lab_of(course, week, track)
         with tempfile.TemporaryDirectory(prefix=f"infracourse-regrade-{week}-") as tmp:
             folder = Path(tmp) / "learner"
             for name, content in bundle.files.items():
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 (folder / name).write_bytes(content)
-            verified = grade(course, week, folder, hardware=hardware, timeout_scale=timeout_scale)
+            verified = grade(course, lab, folder, hardware=hardware, timeout_scale=timeout_scale)
         same_machine = _machine(bundle.manifest.environment) == _machine(environment)
         disagreements = compare(bundle.results, verified, same_machine=same_machine)
         return Outcome(submission_id, verified, environment, ceilings and asdict(ceilings), disagreements)
     except Exception as exc:  # one submission's fault, whatever it is, is that submission's result
-        return failed_outcome(course, submission_id, week, describe_failure(exc), hardware)
+        return failed_outcome(course, submission_id, week, describe_failure(exc), hardware, track=track)
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -145,13 +151,16 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:600] + at
 
 
-def failed_outcome(course: Course, submission_id: int, week: str, reason: str, hardware: Hardware) -> Outcome:
-    """The verified result of a submission that could not be graded: each check of the week `error`, with
-    the reason (one `regrade` check where even the lab cannot be read)."""
+def failed_outcome(course: Course, submission_id: int, week: str, reason: str, hardware: Hardware, *,
+                   track: str | None = None) -> Outcome:
+    """The verified result of a submission that could not be graded: each check of the week (of `track`'s
+    project, for weeks 22-24) `error`, with the reason (one `regrade` check where even the lab cannot be
+    read)."""
     message = f"not regraded: {reason}. The other submissions were graded; fix the cause and run `cohort " \
               "regrade --again` for this learner and week"
     try:
-        checks = [CheckResult(c.id, c.title, c.kind, c.needs, "error", message) for c in course.lab(week).spec.checks]
+        checks = [CheckResult(c.id, c.title, c.kind, c.needs, "error", message)
+                  for c in lab_of(course, week, track).spec.checks]
     except Exception:  # the lab itself is broken: still a result, still an error
         checks = []
     checks = checks or [CheckResult("regrade", "regrade", "correctness", "cpu", "error", message)]
@@ -172,7 +181,8 @@ def record(gradebook: Gradebook, course: Course, submission: Submission, outcome
             raise  # even the plain error result cannot be stored: the gradebook itself is at fault
         hardware = Hardware(**{k: v for k, v in outcome.environment.items() if k in Hardware.__dataclass_fields__})
         outcome = failed_outcome(course, submission.id, submission.week,
-                                 f"the result could not be stored ({describe_failure(exc)})", hardware)
+                                 f"the result could not be stored ({describe_failure(exc)})", hardware,
+                                 track=submission.track)
         gradebook.record_verified(submission.id, outcome.verified, outcome.environment, None, [])
     mine = gradebook.results_of(submission.id, "self")
     return Regraded(submission, mine[-1][1] if mine else None, outcome.verified, outcome.disagreements,

@@ -31,9 +31,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from infracourse.cohort.bundle import FILES
+from infracourse.cohort.bundle import FILES, lab_of
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.course import Course
+from infracourse.syllabus import CourseFileError
 
 K = 8  # tokens per k-gram
 W = 8  # k-grams per winnowing window: a shared run of K + W - 1 = 15 tokens is always caught
@@ -106,12 +107,14 @@ def similar(gradebook: Gradebook, course: Course, *, week: str | None = None, th
 
 def _week(gradebook: Gradebook, course: Course, week: str, threshold: float, min_fingerprints: int,
           common: float) -> list[Match]:
-    starter = _starter_prints(course, week)
+    starters: dict[str | None, set[int]] = {}  # by track: a project week's starter is its track's
     exact, renamed = defaultdict(list), defaultdict(list)
     prints: dict[str, set[int]] = {}
     for sub in gradebook.latest_submissions(week=week):  # one bundle in memory at a time
+        if sub.track not in starters:
+            starters[sub.track] = _starter_prints(course, week, sub.track)
         text, norm = code_of(_files(gradebook.bundle_data(sub.id)))
-        own = fingerprints(norm.split()) - starter
+        own = fingerprints(norm.split()) - starters[sub.track]
         if len(own) < min_fingerprints:
             continue  # too little of its own code to tell anything
         prints[sub.learner] = own
@@ -145,8 +148,11 @@ def _week(gradebook: Gradebook, course: Course, week: str, threshold: float, min
     return found
 
 
-def _starter_prints(course: Course, week: str) -> set[int]:
-    folder = course.lab(week).starter
+def _starter_prints(course: Course, week: str, track: str | None = None) -> set[int]:
+    try:
+        folder = lab_of(course, week, track).starter
+    except CourseFileError:  # a project week without a track, or a track the course no longer has
+        return set()
     files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*.py")} if folder.is_dir() else {}
     return fingerprints(code_of(files)[1].split())
 

@@ -158,7 +158,7 @@ def _finish(job: Path, course: Course, on_note) -> Iterator:
                 tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) if log.is_file() else ""
                 yield failed_outcome(course, entry["id"], entry["week"], f"its Slurm task {path.stem} ended while "
                                      f"grading it (time limit, memory or node failure; last log lines: {tail[-400:]})",
-                                     hardware)
+                                     hardware, track=entry.get("track"))
             elif not any((job / "results").glob(f"{entry['id']}.json")):
                 unreached.append(f"{entry['learner']} {entry['week']}")
     if unreached and on_note:
@@ -185,7 +185,8 @@ def task(job: Path, index: int) -> None:
             (job / "started" / str(entry["id"])).touch()
             bundle = job / "bundles" / f"{entry['id']}.zip"
             outcome = grade_submission(course, entry["id"], entry["week"], bundle.read_bytes, hardware=hardware,
-                                       timeout_scale=spec["timeout_scale"], source=f"{entry['source']} (job {job.name})")
+                                       timeout_scale=spec["timeout_scale"], source=f"{entry['source']} (job {job.name})",
+                                       track=entry.get("track"))
             data = outcome.as_dict()
             data["environment"]["slurm"] = {"job": os.environ.get("SLURM_ARRAY_JOB_ID"), "task": index,
                                             "node": os.environ.get("SLURMD_NODENAME")}

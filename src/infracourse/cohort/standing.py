@@ -6,6 +6,10 @@ Performance is the best over all of that learner's results for the week, as a fr
 the device that measured it (cohort.performance), so devices compare fairly; a figure with no ceiling to
 judge it by is shown as last recorded.
 
+A project week (22-24) is graded per learner against their track's project: its row in `weeks` counts the
+most checks any track has that week and lists every track's performance checks, while each cell's checks,
+leaderboard figures and graders match come from the track its newest submission names (`Standing.track`).
+
 With `details=True` (the published site) each cell also carries its submission timeline and the checks its
 newest submission fails, read from the stored results (`Gradebook.results_of`) of the submissions that did
 not pass every check; `stuck` finds who needs a hand.
@@ -17,10 +21,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from infracourse.cohort.bundle import graders_digest
+from infracourse.cohort.bundle import graders_digest, lab_of
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.performance import performance_checks, score
 from infracourse.course import Course
+from infracourse.syllabus import CourseFileError
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Attempt:
 class Standing:
     learner: str
     week: str
+    track: str | None = None  # the project's track (weeks 22-24), as the newest submission names it
     submissions: int = 0
     submitted_at: str = ""
     device: str = ""
@@ -157,16 +163,35 @@ class Cohort:
                    default="")
 
 
+def week_info(course: Course, week, track: str | None = None) -> WeekInfo:
+    """What export and publish show of a week: a project week without a track is every track's at once (the
+    most checks, each performance check), with no one graders digest."""
+    if week.planned:
+        return WeekInfo(week.id, week.title, built=False)
+    if week.on_track and track is None:
+        staged = [week_info(course, week, t) for t in course.tracks]
+        return WeekInfo(week.id, week.title, True, max((w.checks for w in staged), default=0),
+                        tuple(sorted({c for w in staged for c in w.performance})))
+    lab = lab_of(course, week.id, track if week.on_track else None)
+    return WeekInfo(week.id, week.title, True, len(lab.spec.checks), tuple(performance_checks(lab)),
+                    graders_digest(lab))
+
+
 def cohort_standing(gradebook: Gradebook, course: Course, *, details: bool = False) -> Cohort:
-    weeks = []
-    for week in course.syllabus.weeks:
-        if week.planned:
-            weeks.append(WeekInfo(week.id, week.title, built=False))
-            continue
-        lab = course.lab(week)
-        weeks.append(WeekInfo(week.id, week.title, True, len(lab.spec.checks), tuple(performance_checks(lab)),
-                              graders_digest(lab)))
+    weeks = [week_info(course, week) for week in course.syllabus.weeks]
     info = {w.id: w for w in weeks}
+    staged: dict[tuple[str, str], WeekInfo | None] = {}  # (project week, track) -> that track's staging
+
+    def known(week: str, track: str | None) -> WeekInfo | None:
+        if track is None or week not in info:
+            return info.get(week)
+        if (week, track) not in staged:
+            try:
+                staged[week, track] = week_info(course, course.week(week), track)
+            except (KeyError, CourseFileError):  # a track this course no longer has: nothing matches it
+                staged[week, track] = None
+        return staged[week, track]
+
     snap = gradebook.snapshot()
     results_of: dict[int, list[tuple]] = defaultdict(list)
     for row in snap["results"]:
@@ -192,15 +217,18 @@ def cohort_standing(gradebook: Gradebook, course: Course, *, details: bool = Fal
         seen = newest.get((learner, week))
         if seen is None or (submitted_at, sub_id) > (seen[3], seen[0]):
             newest[learner, week] = row
+    tracks = snap.get("tracks", {})
     for (learner, week), (sub_id, _, _, submitted_at, graders, *_) in newest.items():
-        cell, known = cells[learner, week], info.get(week)
+        cell = cells[learner, week]
+        cell.track = tracks.get(sub_id)
+        this = known(week, cell.track)
         cell.submitted_at = submitted_at
-        cell.graders_match = known is not None and known.graders_sha256 == graders
+        cell.graders_match = this is not None and this.graders_sha256 == graders
         cell.unsandboxed = (learner, week) in unsandboxed
         _latest(cell, results_of[sub_id])
-        if known and known.performance:
+        if this and this.performance:
             cell.score = score(cell.verified_best,
-                               list(known.performance))
+                               list(this.performance))
     learners = sorted({learner for learner, _ in cells} | set(snap.get("roster", ())))  # never-submitted too
     for cell in cells.values():
         cell.attempts.sort(key=lambda a: a.submitted_at)

@@ -68,7 +68,7 @@ class _Worker:
 
     def send(self, sub: Submission) -> None:
         self.submission = sub
-        self.proc.stdin.write(json.dumps({"id": sub.id, "week": sub.week}) + "\n")
+        self.proc.stdin.write(json.dumps({"id": sub.id, "week": sub.week, "track": sub.track}) + "\n")
         self.proc.stdin.flush()
 
     def close(self) -> None:
@@ -115,7 +115,7 @@ def run(gradebook: Gradebook, course: Course, pending: list[Submission], hardwar
                     continue
                 worker.close()
                 yield failed_outcome(course, sub.id, sub.week, "the regrade worker process died while grading it "
-                                     f"({_ended(worker.proc.returncode)})", hardware)
+                                     f"({_ended(worker.proc.returncode)})", hardware, track=sub.track)
                 replacement = _Worker(worker.index, spec, _gpus_of(worker.index, hardware, machine_gpus))
                 workers[workers.index(worker)] = replacement
                 idle.append(replacement)
@@ -211,7 +211,8 @@ def main(spec: dict) -> None:
             request = json.loads(line)
             outcome = grade_submission(course, request["id"], request["week"], lambda: book.bundle_data(request["id"]),
                                        hardware=hardware, timeout_scale=spec["timeout_scale"],
-                                       source=f"{book.path} submission {request['id']}")
+                                       source=f"{book.path} submission {request['id']}",
+                                       track=request.get("track"))
             out.write(json.dumps(outcome.as_dict()) + "\n")
             out.flush()
     finally:
