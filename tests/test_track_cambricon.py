@@ -73,6 +73,17 @@ def test_op_list_missing_the_view_ops_fails(grade_lab):
     assert_variant_fails(grade_lab, "week23", "op-list", {"ops.py": edit}, track=TRACK)
 
 
+def test_estimate_that_measures_instead_fails(grade_lab):
+    """Bytes counted from a model built in the call equal the formula's, but they are a measurement."""
+    measured = ("\n\ndef activation_bytes(vocab_size, seq_len, d_model, n_head, n_layer, mlp_ratio, n_kv_head, batch,"
+                " dtype_bytes):\n    from infracourse.kit.porting import measured_bytes\n"
+                "    config = dict(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, n_head=n_head, "
+                "n_layer=n_layer, mlp_ratio=mlp_ratio, n_kv_head=n_kv_head)\n"
+                "    return measured_bytes(config, batch, {4: 'float32', 2: 'bfloat16'}[dtype_bytes])['activations']\n")
+    assert_variant_fails(grade_lab, "week23", "device-memory-estimate", {"estimates.py": lambda text: text + measured},
+                         track=TRACK)
+
+
 def test_report_with_a_simulated_mlu_latency_fails(grade_lab):
     edit = replace_once("failure_max_abs_error: 2.86e-4\n", "failure_max_abs_error: 2.86e-4\nmlu_forward_ms: 1.9\n")
     assert_variant_fails(grade_lab, "week24", "report", {"report.md": edit}, track=TRACK)

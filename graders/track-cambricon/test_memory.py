@@ -7,6 +7,7 @@ import pytest
 
 from conftest import BATCH
 from infracourse.grading.estimate import check_formula, check_measured
+from infracourse.guard import CallRecord, LabCheckFailed
 from infracourse.kit.porting import CONFIG, measured_bytes
 
 CASES = [  # model configs (kit.porting.CONFIG's keys), with a batch and bytes per element
@@ -44,10 +45,21 @@ def _model(case: dict) -> dict:
     return {k: case[k] for k in CONFIG}
 
 
+def _require_formula(fn, name: str, case: dict) -> None:
+    """An estimate comes before the measurement: computed from the configuration, it dispatches no torch op."""
+    ops = CallRecord.from_evidence(fn.call((), case, watch={"poison": False}).record).ops
+    if ops:
+        raise LabCheckFailed(f"estimates.{name} ran torch ops ({sorted(set(ops))[:6]}): it built or ran a model to "
+                             "count bytes, which is a measurement. Write the formula from the configuration's numbers")
+
+
 @pytest.mark.check("device-memory-estimate")
 def test_device_memory_estimate(learner, record):
     est = learner.module("estimates")
     no_batch = [{k: v for k, v in c.items() if k != "batch"} for c in CASES]
+    _require_formula(est.weight_bytes, "weight_bytes", no_batch[0])
+    _require_formula(est.kv_cache_bytes, "kv_cache_bytes", CASES[0])
+    _require_formula(est.activation_bytes, "activation_bytes", CASES[0])
     check_formula("weight_bytes", est.weight_bytes, reference_weight_bytes, no_batch)
     check_formula("kv_cache_bytes", est.kv_cache_bytes, reference_kv_cache_bytes, CASES)
     check_formula("activation_bytes", est.activation_bytes, reference_activation_bytes, CASES)
