@@ -14,6 +14,7 @@ from infracourse.kit.porting import cpu_kernel_key, dispatch_keys, has_kernel, p
 
 STATUSES = ("supported", "partial", "unsupported", "not a kernel", "unknown")
 DEVICE_KEYS = ("PrivateUse1", "AutogradPrivateUse1")  # where an out-of-tree backend such as torch_mlu registers
+COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
 TO_BE_VERIFIED = "to be verified"
 
 
@@ -76,11 +77,12 @@ def _entry_problem(entry: dict, keys: set[str]) -> str | None:
         return (f"cpu_key {cpu!r}, but for a CPU tensor the dispatcher runs the kernel registered at {actual!r} "
                 f"(torch._C._dispatch_has_kernel_for_dispatch_key({op.name()!r}, key); a backend kernel is "
                 "preferred to a composite one)")
-    composite = has_kernel(op, "CompositeImplicitAutograd")
-    if device not in DEVICE_KEYS and not (composite and device == "CompositeImplicitAutograd"):
+    composites = [key for key in COMPOSITE_KEYS if has_kernel(op, key)]
+    if device not in DEVICE_KEYS and device not in composites:
         return (f"device_key {device!r}: an out-of-tree backend such as torch_mlu registers its kernels at "
-                f"{' / '.join(DEVICE_KEYS)}" + (" (or, for this composite op, it decomposes first: "
-                                                "CompositeImplicitAutograd)" if composite else ""))
+                f"{' / '.join(DEVICE_KEYS)}" + (f"; or, where the backend registers none, this op's composite "
+                                                f"kernel serves every device: {' / '.join(composites)}"
+                                                if composites else ""))
     if str(entry.get("mlu_kernel", "")).strip().lower() != TO_BE_VERIFIED:
         return f"mlu_kernel must say {TO_BE_VERIFIED!r}: no MLU ran it here"
     return None

@@ -9,27 +9,30 @@ import torch
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 from reference import CONFIG
 
-# from the Cambricon PyTorch (torch_mlu) operator support list and the MLU-OPS docs; read, not run
+# read in torch_mlu's codegen/mlu_functions.yaml (the ops it registers at PrivateUse1; commit d578002, Sep 2024)
+# and its tests; read, not run: every status is to be verified on an MLU
+LIST = "mlu_functions.yaml"
 MLU_STATUS = {
-    "aten._assert_tensor_metadata.default": ("not a kernel", "an export-time shape/dtype assertion; no device work"),
-    "aten.add.Tensor": ("supported", "torch_mlu operator list: add"),
-    "aten.arange.start": ("supported", "torch_mlu operator list: arange"),
-    "aten.embedding.default": ("supported", "torch_mlu operator list: embedding (index_select underneath)"),
-    "aten.gelu.default": ("supported", "torch_mlu operator list: gelu; MLU-OPS has no separate tanh variant"),
-    "aten.linear.default": ("supported", "composite: decomposes to matmul/addmm, which run on the MLU's matrix units"),
-    "aten.mean.dim": ("supported", "torch_mlu operator list: mean"),
-    "aten.mul.Tensor": ("supported", "torch_mlu operator list: mul"),
-    "aten.pow.Tensor_Scalar": ("supported", "torch_mlu operator list: pow"),
-    "aten.repeat_interleave.self_int": ("partial", "composite; index-based path, check the output size argument"),
-    "aten.reshape.default": ("supported", "composite: a view, or a copy when strides forbid"),
-    "aten.rsqrt.default": ("supported", "torch_mlu operator list: rsqrt"),
-    "aten.scaled_dot_product_attention.default": ("partial", "fused flash kernel only for some dtypes/head dims; "
-                                                  "else the math decomposition"),
-    "aten.split.Tensor": ("supported", "a view op"),
-    "aten.split_with_sizes.default": ("supported", "a view op"),
-    "aten.to.dtype": ("supported", "cast kernel"),
-    "aten.transpose.int": ("supported", "a view op"),
-    "aten.view.default": ("supported", "a view op"),
+    "aten._assert_tensor_metadata.default": ("not a kernel", "an assertion torch.export inserts; no device work"),
+    "aten.add.Tensor": ("supported", f"{LIST}: add.Tensor"),
+    "aten.arange.start": ("supported", f"composite; {LIST}: arange.start_out"),
+    "aten.embedding.default": ("supported", f"{LIST}: embedding"),
+    "aten.gelu.default": ("supported", f"{LIST}: gelu"),
+    "aten.linear.default": ("supported", f"composite: decomposes to mm / addmm; {LIST}: mm, addmm"),
+    "aten.mean.dim": ("supported", f"{LIST}: mean.dim"),
+    "aten.mul.Tensor": ("supported", f"{LIST}: mul.Tensor"),
+    "aten.pow.Tensor_Scalar": ("supported", f"{LIST}: pow.Tensor_Scalar"),
+    "aten.repeat_interleave.self_int": ("supported", f"composite; {LIST}: repeat_interleave.Tensor, index_select"),
+    "aten.reshape.default": ("supported", f"composite: a view, or a copy; {LIST}: view, copy_"),
+    "aten.rsqrt.default": ("supported", f"{LIST}: rsqrt"),
+    "aten.scaled_dot_product_attention.default": (
+        "partial", f"composite; {LIST}: _fused_sdp_choice, flash and efficient kernels; torch_mlu's tests expect "
+        "'No viable backend' for some inputs"),
+    "aten.split.Tensor": ("supported", f"a view (composite explicit); {LIST}: as_strided"),
+    "aten.split_with_sizes.default": ("supported", f"a view (composite explicit); {LIST}: as_strided"),
+    "aten.to.dtype": ("supported", f"composite: _to_copy; {LIST}: copy_"),
+    "aten.transpose.int": ("supported", f"a view (composite explicit); {LIST}: as_strided"),
+    "aten.view.default": ("supported", f"{LIST}: view"),
 }
 
 
