@@ -4,10 +4,9 @@ import dataclasses
 
 import pytest
 
-from conftest import seconds
+from conftest import judge_seconds
 from infracourse.grading.estimate import check_formula, check_measured
 from infracourse.grading.inputs import build, tokens
-from infracourse.grading.perf import reference_time
 from infracourse.kit import hotspot
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.probes import GPTTrainer
@@ -29,7 +28,7 @@ def _peak_tflops(hardware, device) -> tuple[float, str]:
         from infracourse.hardware import calibrate
 
         return calibrate(hardware).matmul_tflops["bfloat16"], "the calibrated bf16 matmul ceiling of this GPU"
-    return hotspot.cpu_matmul_tflops(), "a torch.mm fp32 (512x512) rate the grader measured on this CPU"
+    return hotspot.cpu_matmul_tflops(), "a torch.mm fp32 (512x512) rate the grader measured on one thread of this CPU"
 
 
 @pytest.mark.check("mfu-estimate")
@@ -49,7 +48,8 @@ def test_mfu_estimate(learner, baseline, size, device, hardware, record):
     peak, source = _peak_tflops(hardware, device)
     # the step timed again beside the peak, the faster window kept: both sides of the ratio from calm moments
     trainer = GPTTrainer(size.config, None, seed=0, device=device, dtype=size.dtype)
-    step_s = min(baseline.step_s, seconds(reference_time(trainer, tokens(config, size.batch, device=device, seed=6))))
+    batches = tokens(config, size.batch, device=device, seed=6)
+    step_s = min(baseline.step_s, judge_seconds(trainer, build(batches)(0), device, make_args=batches))
     mfu = estimate / (step_s * peak * 1e12)
     record("model FLOPs per step", float(estimate), target=float(counted), unit="FLOP",
            reference="torch's FlopCounterMode" + ("" if with_attention else ", attention from the formula (CPU)"))
