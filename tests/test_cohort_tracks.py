@@ -114,7 +114,7 @@ def standing_export_and_similarity_read_the_track(term, tmp_path):
     assert cell.verified_passed == cell.verified_total == len(WEEK22)
     out = export(term["book"], course, tmp_path / "grades.json")
     row = next(r for r in json.loads(out.read_text())["rows"] if (r["learner"], r["week"]) == ("ada", "week22"))
-    assert row["state"] == "verified" and row["graders_match"] is True
+    assert row["state"] == "verified" and row["graders_match"] is True and row["track"] == TRACK
     assert similar(term["book"], course, week="week22") == []  # one learner: nothing to match, and no error
 
 
@@ -168,3 +168,12 @@ def test_verify_certificate_bad_input_names_the_file(tmp_path, monkeypatch, cont
                                "--gradebook", str(tmp_path / "gradebook.db")])
     assert done.exit_code == 2, done.output
     assert says in done.output and "completion.json" in done.output
+
+
+def test_submit_of_a_project_week_without_a_track_says_to_choose_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFRACOURSE_COURSE", str(REPO))
+    Workspace.init(tmp_path / "ws")
+    done = runner.invoke(app, ["submit", "22", "--learner", "ada"], env={"INFRACOURSE_WORKSPACE": str(tmp_path / "ws")})
+    assert done.exit_code == 2, done.output
+    assert "week22 is a week of the direction project, and this workspace has no track chosen" in done.output
+    assert "infracourse track choose NAME" in done.output

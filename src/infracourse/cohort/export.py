@@ -2,7 +2,8 @@
 grade-import CSVs of Canvas and Moodle.
 
 One row per learner x built week, including weeks a learner has not submitted (state `none`) and learners
-on the roster who never submitted, so a spreadsheet shows who is missing. Columns are `COLUMNS`; JSON rows
+on the roster who never submitted, so a spreadsheet shows who is missing; `track` names the project a week
+22-24 submission was graded on (empty for other weeks). Columns are `COLUMNS`; JSON rows
 carry the same keys with the best performance figures structured instead of flattened.
 
 `points` (0-100) is what an LMS gets: the share of the week's checks passed *in the instructor's regrade*
@@ -28,9 +29,9 @@ from infracourse.cohort.standing import Cohort, Standing, cohort_standing
 from infracourse.course import Course
 
 FORMAT_VERSION = 2
-COLUMNS = ("learner", "week", "state", "submissions", "submitted_at", "device", "tier", "checks", "self_passed",
-           "self_complete", "verified", "verified_passed", "verified_complete", "verified_sandboxed", "disagreements",
-           "best_score", "best_figures", "graders_match", "on_roster", "late", "late_hours", "points")
+COLUMNS = ("learner", "week", "track", "state", "submissions", "submitted_at", "device", "tier", "checks",
+           "self_passed", "self_complete", "verified", "verified_passed", "verified_complete", "verified_sandboxed",
+           "disagreements", "best_score", "best_figures", "graders_match", "on_roster", "late", "late_hours", "points")
 FORMATS = ("csv", "json", "canvas", "moodle")
 CANVAS_IDS = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
 MOODLE_IDS = ("Email address", "ID number", "Full name")
@@ -108,7 +109,8 @@ def lms_table(format: str, cohort: Cohort, rows: list[dict], roster: dict[str, L
 
 def row(cell: Standing) -> dict:
     return {
-        "learner": cell.learner, "week": cell.week, "state": cell.state, "submissions": cell.submissions,
+        "learner": cell.learner, "week": cell.week, "track": cell.track, "state": cell.state,
+        "submissions": cell.submissions,
         "submitted_at": cell.submitted_at, "device": cell.device, "tier": cell.tier, "checks": cell.total,
         "self_passed": cell.self_passed, "self_complete": cell.self_complete, "verified": cell.verified,
         "verified_passed": cell.verified_passed if cell.verified else None,
