@@ -109,3 +109,24 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine, tmp_path):
                                       f"failure_max_abs_error: {first['max_abs']:.6g}\n")
     checks = assert_solution_passes(grade_lab, machine, "week24", edits=edits, track=TRACK)
     assert checks["harness-flags-perturbed"].status == "passed"
+
+
+def test_the_stand_in_device_breaks_only_what_the_judge_chose():
+    """kit.porting's promises the graders rely on: an isolated error stays in its layer, a chained one leaves the
+    layers before it untouched, a clean run differs by rounding only, and the reference repeats bit for bit."""
+    import torch
+
+    from infracourse.kit.porting import Perturbation, device_run, reference_run
+
+    reference = reference_run({}, 5, 2)
+    assert all(torch.equal(a, b) for a, b in zip(reference.values(), reference_run({}, 5, 2).values()))
+    names = list(reference)
+    clean = device_run({}, 5, 2)
+    for name in names:
+        assert (clean[name] - reference[name]).abs().max() <= 1e-6 * reference[name].abs().max()
+    broken = device_run({}, 5, 2, perturb=Perturbation((names[4],), "bf16"))
+    assert [n for n in names if not torch.equal(broken[n], clean[n])] == [names[4]]
+    chained = device_run({}, 5, 2, mode="chained", perturb=Perturbation((names[6],), "noise", 1e-2, 3))
+    chained_clean = device_run({}, 5, 2, mode="chained")
+    assert all(torch.equal(chained[n], chained_clean[n]) for n in names[:6])
+    assert not torch.equal(chained[names[6]], chained_clean[names[6]])
