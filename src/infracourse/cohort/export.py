@@ -54,7 +54,8 @@ def export(gradebook: Gradebook, course: Course, out: Path, *, format: str | Non
     config = deadlines.load(gradebook.path)
     roster = {learner.id: learner for learner, _ in gradebook.roster()}
     unsandboxed = gradebook.unsandboxed()  # regraded with --allow-unsandboxed: learner code ran unconfined
-    rows = [row(cell) | {"verified_sandboxed": (cell.learner, cell.week) not in unsandboxed if cell.verified else None}
+    rows = [row(cell) | {"track": cell.track}  # the published site's rows (row()) leave it out
+            | {"verified_sandboxed": (cell.learner, cell.week) not in unsandboxed if cell.verified else None}
             | graded(cell, config, learner in roster)
             for learner in cohort.learners for week in cohort.built_weeks()
             for cell in [cohort.cell(learner, week.id)]]
@@ -109,8 +110,7 @@ def lms_table(format: str, cohort: Cohort, rows: list[dict], roster: dict[str, L
 
 def row(cell: Standing) -> dict:
     return {
-        "learner": cell.learner, "week": cell.week, "track": cell.track, "state": cell.state,
-        "submissions": cell.submissions,
+        "learner": cell.learner, "week": cell.week, "state": cell.state, "submissions": cell.submissions,
         "submitted_at": cell.submitted_at, "device": cell.device, "tier": cell.tier, "checks": cell.total,
         "self_passed": cell.self_passed, "self_complete": cell.self_complete, "verified": cell.verified,
         "verified_passed": cell.verified_passed if cell.verified else None,
