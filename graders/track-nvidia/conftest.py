@@ -80,19 +80,23 @@ def judge_seconds(fn: Callable, args: tuple, device, make_args=None) -> float:
     return seconds(reference_time(fn, make_args if make_args is not None else (lambda: args)))
 
 
-def worker_seconds(learner, spec: WorkerObject, args: tuple, check: Callable, estimate_s: float) -> float:
+def worker_seconds(learner, spec: WorkerObject, args: tuple, check: Callable, estimate_s: float,
+                   inputs: WorkerObject | None = None) -> float:
     """CPU seconds of one call of the worker object `spec` (a course probe around the learner's code), read from
     the worker's kernel accounting around kit.hotspot.Repeat of enough calls for a round of ROUND_S; the least
-    over five rounds after a warm-up. The output of each round's last call is checked."""
+    over five rounds after a warm-up. With `inputs` (a generator spec) the calls cycle through distinct inputs
+    drawn in the worker and the judge checks the last call's output on its own copy of that input; otherwise
+    every call gets `args`."""
     calls = max(2, int(ROUND_S / max(estimate_s, 1e-6)))
-    repeat = learner.worker.build(WorkerObject("infracourse.kit.hotspot:Repeat", (spec, calls)))
+    repeat = learner.worker.build(WorkerObject("infracourse.kit.hotspot:Repeat", (spec, calls, inputs)))
+    checked = args if inputs is None else build(inputs)(hotspot.Repeat.last_input(calls))
     clock = learner.worker.clock("cpu")
     best = float("inf")
     for round_ in range(6):
         start = clock()
         out = repeat(*args)
         spent = clock() - start
-        check(out, args)
+        check(out, checked)
         if round_:
             best = min(best, spent / calls)
     return best
@@ -118,10 +122,12 @@ def operator_race(norm, learner, rows, cols, dtype, device, seed):
     probe = WorkerObject("infracourse.kit.probes:ForwardBackward", (norm.rms_norm, EPS))
     what = f"({rows}, {cols}) {_name(dtype)}"
     check = forward_backward_check(what)
-    if on_cpu(device):
-        args = build(spec)(0)
-        theirs = judge_seconds(unfused_forward_backward, args, device)
-        return worker_seconds(learner, probe, args, check, theirs), theirs
+    if on_cpu(device):  # both sides cycle through the same distinct inputs (kit.hotspot.Repeat)
+        generate = build(spec)
+        once = hotspot.cpu_seconds_per_call(unfused_forward_backward, generate(0), 1, rounds=1)
+        calls = max(2, int(ROUND_S / max(once, 1e-6)))
+        theirs = hotspot.cpu_seconds_per_call(hotspot.Repeat(unfused_forward_backward, calls, generate), (), 1) / calls
+        return worker_seconds(learner, probe, (), check, theirs, inputs=spec), theirs
     yours = learner.worker.build(probe)
     mine = timed(yours, spec, check=check, label=f"rms_norm forward + backward {what}")
     return seconds(mine), seconds(reference_time(unfused_forward_backward, spec))
@@ -190,9 +196,8 @@ def effect(norm, learner, size, device, baseline):
             raise LabCheckFailed("a timed training step with your rms_norm did not give a finite loss")
 
     if on_cpu(device):
-        step_s = worker_seconds(learner, WorkerObject("infracourse.kit.probes:GPTTrainer", yours_args,
-                                                             _options(size, device)),
-                                (idx, targets), check, baseline.step_s)
+        trainer = WorkerObject("infracourse.kit.probes:GPTTrainer", yours_args, _options(size, device))
+        step_s = worker_seconds(learner, trainer, (idx, targets), check, baseline.step_s)
         baseline_s = min(baseline.step_s, judge_seconds(reference, (idx, targets), device))
     else:  # each side in two windows, the faster kept: a burst of other work in one window does not decide
         step_s = min(seconds(timed(yours, batches, check=check, label="a training step of the course GPT with "

@@ -96,15 +96,27 @@ def cpu_seconds_per_call(fn: Callable, args: tuple, calls: int, rounds: int = 5)
 class Repeat:
     """fn(*args) `calls` times in one call, returning the last output: built in the grading worker around a
     learner's callable, so the judge can read the worker's CPU seconds (kernel accounting) around many calls
-    and one round trip."""
+    and one round trip. With `inputs` (a course input generator, grading.inputs) the calls cycle through
+    DISTINCT inputs drawn from it when built, instead of the arguments given: an operator cannot answer from a
+    cache of the last input; `last_input(calls)` names the input of the last call, which the judge draws too."""
 
-    def __init__(self, fn: Callable, calls: int):
+    DISTINCT = 32
+
+    def __init__(self, fn: Callable, calls: int, inputs=None):
         self.fn, self.calls = fn, calls
+        self.inputs = []
+        if inputs is not None:  # a generator index -> args (the worker builds it from the judge's spec)
+            self.inputs = [inputs(i) for i in range(min(calls, self.DISTINCT))]
+
+    @classmethod
+    def last_input(cls, calls: int) -> int:
+        """The generator index of the last call's input, with `inputs`."""
+        return (calls - 1) % min(calls, cls.DISTINCT)
 
     def __call__(self, *args):
-        for _ in range(self.calls - 1):
-            self.fn(*args)
-        return self.fn(*args)
+        for call in range(self.calls):
+            out = self.fn(*(self.inputs[call % len(self.inputs)] if self.inputs else args))
+        return out
 
 
 def unfused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
