@@ -127,7 +127,8 @@ VARIANTS = {
         "tl.sum(x * x, axis=0) / n_cols + eps)", "tl.sum(x * x, axis=0) / n_cols)")(
         replace_once("x32.pow(2).mean(-1) + eps)", "x32.pow(2).mean(-1))")(text))}),
     # a failure case that is not one
-    "invented regression": ("week24", "failure-case", lambda machine: {"raw/failure.json": _invented_regression(machine)}),
+    "invented regression": ("week24", "failure-case",
+                            lambda machine: {"raw/failure.json": _invented_regression(machine)}),
 }
 
 
