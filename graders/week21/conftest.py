@@ -17,7 +17,6 @@ the version stamped in the chunks the service streams, and its own load generato
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -33,7 +32,7 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Phase, Server, run_phase, serve
+from infracourse.grading.serving import Phase, Server, course_services, kill_and_clock, run_phase, serve
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import batching
 from infracourse.kit import platform_service as ps
@@ -71,24 +70,8 @@ def teach(server: Server, what: str) -> str:
 
 
 def services(server: Server) -> list[dict]:
-    """The course service processes in the gateway's tree: pid, version (from the process's environment), the
-    socket it serves, its start time."""
-    out = []
-    try:
-        tree = psutil.Process(server.proc.pid).children(recursive=True)
-    except psutil.Error:
-        return out
-    for p in tree:
-        try:
-            cmd = p.cmdline()
-            if p.status() == psutil.STATUS_ZOMBIE or not any("platform_service" in a for a in cmd):
-                continue
-            uds = cmd[cmd.index("--uds") + 1] if "--uds" in cmd else ""
-            out.append({"pid": p.pid, "version": p.environ().get(ps.VERSION_ENV) or "v1", "uds": uds,
-                        "created": p.create_time()})
-        except (psutil.Error, ValueError, IndexError):
-            continue
-    return out
+    """The course service processes in the gateway's tree (grading.serving.course_services)."""
+    return course_services(server, "platform_service", ps.VERSION_ENV)
 
 
 def journal_events(path: Path) -> list[dict]:
@@ -152,26 +135,8 @@ def phase_recovery(server: Server, seed: int, journal: Path) -> dict:
                              "as a child process and pass the environment through")
     victim = before[0]
     kill: dict = {}
-
-    def killer():
-        time.sleep(KILL_AT_S)
-        try:
-            psutil.Process(victim["pid"]).kill()
-        except psutil.Error as exc:
-            kill["error"] = str(exc)
-            return
-        killed = time.perf_counter()
-        kill["killed"] = killed
-        while time.perf_counter() - killed < RESTART_WINDOW_S:
-            fresh = [s for s in services(server) if s["pid"] != victim["pid"] and s["version"] == victim["version"]]
-            for s in fresh:
-                if s["uds"] and asyncio.run(ps.probe(s["uds"], "/health"))[0] == 200:
-                    kill["ready_s"] = time.perf_counter() - killed
-                    kill["new"] = s
-                    return
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=killer, daemon=True)
+    thread = threading.Thread(target=kill_and_clock, args=(server, victim), daemon=True,
+                              kwargs={"after_s": KILL_AT_S, "window_s": RESTART_WINDOW_S, "out": kill})
     thread.start()
     records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0)
     thread.join(RESTART_WINDOW_S + 5)
