@@ -145,7 +145,7 @@ class Baseline:
 @dataclass
 class Effect:
     step_s: float
-    baseline_step_s: float  # the faster of the baseline's two windows
+    baseline_step_s: float  # the faster of the baseline step's two measurements
     norm_s: float
     unfused_norm_s: float
     operator_speedup: float
