@@ -36,7 +36,7 @@ import yaml
 
 from infracourse.grading.confined import ScriptRun, run_script
 from infracourse.grading.report import PLACEHOLDER, sections
-from infracourse.grading.report_check import check_environment, compare_figures, read_figures
+from infracourse.grading.report_check import _words, check_environment, compare_figures, read_figures
 from infracourse.guard import LabCheckFailed
 
 PROJECT_SECTIONS = (
@@ -271,9 +271,8 @@ def check_sections(found: dict[str, str], wanted: tuple[str, ...], template: dic
     missing = [s for s in wanted if s not in found]
     if missing:
         raise LabCheckFailed(f"{name} lacks the section(s) {missing}: keep the template's '## ' headings")
-    words = lambda text: [w for w in re.findall(r"\w+", text.lower()) if w != "todo"]  # noqa: E731
-    unfilled = [s for s in wanted if s != "Environment" and (len(words(found[s])) < 3 or PLACEHOLDER.search(found[s])
-                or (template.get(s) and words(found[s]) == words(template[s])))]
+    unfilled = [s for s in wanted if s != "Environment" and (len(_words(found[s])) < 3 or PLACEHOLDER.search(found[s])
+                or (template.get(s) and _words(found[s]) == _words(template[s])))]
     if unfilled:
         raise LabCheckFailed(f"{name}: write {unfilled} in your own words (each still holds the template's text, "
                              "a TODO or nothing)")
@@ -343,8 +342,9 @@ def test_project_plan(learner, request, hardware, record):
 def test_bottleneck_evidence(learner, request, hardware, tmp_path_factory, record):
     """The traces or profiles the run command wrote parse and show where time goes."""
     spec = _session(request).lab
-    run = project_run(learner, spec, hardware, tmp_path_factory.mktemp("project"), spec.check("run-command").timeout_s * 0.8)
-    failure = run.result.failure(spec.check("run-command").timeout_s * 0.8)
+    limit_s = spec.check("run-command").timeout_s * 0.8
+    run = project_run(learner, spec, hardware, tmp_path_factory.mktemp("project"), limit_s)
+    failure = run.result.failure(limit_s)
     if failure:
         raise LabCheckFailed(f"no evidence without a run: {failure}")
     for rel in run.project.evidence:
