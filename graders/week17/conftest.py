@@ -1,7 +1,7 @@
 """Week 17: the learner's server, started once per grade (infracourse.grading.serving: uvicorn in the sandbox, on
 a Unix socket), driven by the judge through phases whose evidence the checks read:
 
-  load        the load point (kit.batching.bench_specs, the grade's seed: 192 requests, 32 in flight) with the
+  load        the load point (kit.batching.bench_specs, the grade's seed: 384 requests, 32 in flight) with the
               kit's load generator, the server's /debug/state sampled meanwhile, its process's peak RSS read here
   starvation  every slot and block taken, then 31 requests at once into the queue, a 100-token prompt 9th
               among 8-token ones
@@ -199,7 +199,9 @@ def phase_load(server: Server, seed: int) -> dict:
 def phase_starvation(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
     """Fill every slot and block with long-running requests, queue short prompts and one long prompt behind
     them, and see who is admitted first when the slots come free."""
-    fillers = request_matrix([1], [23], cfg.max_num_seqs, vocab_size=128, seed=seed + 1)  # 3 blocks each: all 48
+    # one prompt token and enough new ones that the fillers' sequences end up holding every block of the pool
+    filler_tokens = cfg.num_blocks * cfg.block_size // cfg.max_num_seqs
+    fillers = request_matrix([1], [filler_tokens - 1], cfg.max_num_seqs, vocab_size=128, seed=seed + 1)
     shorts = request_matrix([8], [8], STARVE_SHORTS, vocab_size=128, seed=seed + 2)
     long = request_matrix([100], [8], 1, vocab_size=128, seed=seed + 3)[0]
     specs = shorts[:STARVE_LONG_AT] + [long] + shorts[STARVE_LONG_AT:]
