@@ -1,4 +1,5 @@
-"""The judge-clocked batch: how many calls it clocks and how long the device is held first (grading.perf)."""
+"""The clocked batch: how many calls it clocks and how long the device is held first (bench.clocked_batch, the
+one rule of the judge's clock of a worker and of bench.measure's own batch)."""
 import pytest
 
 from infracourse.grading.perf import HOLD_FACTOR, HOLD_S, MAX_HOLD_S, clocked_batch

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from infracourse import bench
+from infracourse.bench import HOLD_FACTOR, HOLD_S, MAX_HOLD_S, MAX_HOST_S, clocked_batch  # noqa: F401 (one rule)
 from infracourse.guard import LabCheckFailed, require_possible
 
 
@@ -44,13 +45,8 @@ def require_genuine_timing() -> None:
                              "or the harness that times it. Remove that; timings are only taken with the originals.")
 
 
-HOLD_S = 300e-6        # the device is held at least this long before a judge-clocked batch, so launches queue
-MAX_HOLD_S = 0.05      # ... and at most this long: twice the host's launch time of the whole batch, within it
-MAX_HOST_S = 25e-3     # a host launch time the worker reports is taken as at most this per call
 MAX_RTT_CREDIT_S = 300e-6  # at most this much of the channel's round trip is taken off the judge's clock
 BATCH_CALLS = 48
-HOLD_FACTOR = 4         # the hold covers this many times the host's launch time of the batch: the worker's
-                        # figure is a quiet call's, and a 512^3 matmul still read as 'escaped' at 2x on the H200
 
 
 def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], None],
@@ -124,15 +120,6 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
                         wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu")
-
-
-def clocked_batch(prepared: int, host_s: float) -> tuple[int, float]:
-    """(calls, hold in seconds) of the judge-clocked batch: the device is held HOLD_FACTOR times the host's launch time of
-    the calls, within MAX_HOLD_S, so fewer calls are clocked when one call takes the host long to enqueue (a
-    training step) than when it is a single kernel launch."""
-    host = min(max(host_s, 0.0), MAX_HOST_S)
-    calls = prepared if host <= 0 else max(2, min(prepared, int((MAX_HOLD_S - HOLD_S) / (HOLD_FACTOR * host))))
-    return calls, min(HOLD_S + HOLD_FACTOR * calls * host, MAX_HOLD_S)
 
 
 def _require_kernels(label: str, *records: dict) -> None:
