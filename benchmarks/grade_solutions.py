@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--run", help="a command of the lab (e.g. 'python bench.py') run in the copied solution "
                         "before grading, as a learner on this machine would; a ```yaml figures block it prints "
                         "replaces the report's")
+    parser.add_argument("--cold", action="store_true", help="compile every grade afresh (no compile cache kept "
+                        "between a lab's grades, as an instructor's regrade does); by default a lab's grades share "
+                        "one, as `infracourse grade` keeps one per week in the workspace")
     parser.add_argument("--refresh-report", action="store_true",
                         help="when the report's figures (written on another machine) disagree with this machine's, "
                              "write this grade's measurements into the figures block and grade once more")
@@ -59,13 +62,14 @@ def main() -> None:
                 run_lab_command(args.run, folder, lab.spec.report, hw)
             if lab.spec.report:
                 stamp_environment(folder / lab.spec.report, hw)
-            result = grade(course, lab, folder, hardware=hw)
+            cache = None if args.cold else Path(tmp) / "cache" / lab.spec.week
+            result = grade(course, lab, folder, hardware=hw, compile_cache=cache)
             checks = {c.id: c for c in result.checks}
             if args.refresh_report and "report" in checks and checks["report"].status == "failed" \
                     and refresh_figures(folder / lab.spec.report, lab.spec.report, checks):
                 print(f"\n(first grade of {result.week}: report failed: {checks['report'].message[:300]}; its figures "
                       f"block now holds this grade's measurements, graded again)")
-                result = grade(course, lab, folder, hardware=hw)
+                result = grade(course, lab, folder, hardware=hw, compile_cache=cache)
             results.append(result.as_dict())
             label = " + ".join(args.overlays) or "reference"
             print(f"\n### {result.week} ({label}, grade {attempt + 1}/{args.repeat}): "

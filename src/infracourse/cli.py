@@ -314,7 +314,7 @@ def _grade(ws, course, week, quiet: bool = False):
             else:
                 bar.advance(task)
 
-        return run_grade(course, lab, folder, on_event=on_event)
+        return run_grade(course, lab, folder, on_event=on_event, compile_cache=ws.compile_cache(week))
 
 
 @_command()

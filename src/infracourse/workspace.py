@@ -103,6 +103,11 @@ class Workspace:
         raise WorkspaceError(f"no infracourse workspace in {here} or above it: run `infracourse init DIR`, then work "
                              "inside DIR (or pass --workspace DIR, or set INFRACOURSE_WORKSPACE)")
 
+    def compile_cache(self, week: Week) -> Path:
+        """Where the week's Triton kernels stay compiled between grades (outside the lab folder, so never
+        part of a snapshot or a submission)."""
+        return self.meta / "cache" / week.id
+
     def week_dir(self, week: Week) -> Path:
         return self.root / (PROJECT if week.on_track else week.id)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
+COMPILE_CACHE_ENV = "INFRACOURSE_COMPILE_CACHE"  # the learner's Triton cache kept between grades (runner)
 FATAL_EXIT = 87  # a judge exiting with this code says "the device is unusable here; go on in a fresh process"
 MAX_MESSAGE_BYTES = 2 * 2**30       # a larger message from a worker is refused, not read
 MAX_HEADER_BYTES = 64 * 2**20

@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from infracourse import sandbox
 from infracourse.grading import protocol
-from infracourse.grading.protocol import Decoder, Encoder, Foreign, Handle, ProtocolError, WorkerObject
+from infracourse.grading.protocol import (COMPILE_CACHE_ENV, Decoder, Encoder, Foreign, Handle, ProtocolError,
+                                         WorkerObject)
 
 __all__ = ["Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerFailed", "WorkerObject"]
 
@@ -98,11 +99,13 @@ class Worker:
         command = [sys.executable, "-s", "-m", "infracourse.grading.worker", "--in", str(to_worker),
                    "--out", str(from_worker), "--learner", str(self.learner_dir)]
         env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+        cache = compile_cache()
         env.update(HOME=str(self.scratch), TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1",
                    PYTHONUNBUFFERED="1",  # what it printed before a crash reaches the log (and the message)
-                   TRITON_CACHE_DIR=str(self.scratch / ".triton"), PYTHONPATH=_engine_path())
+                   TRITON_CACHE_DIR=str(cache or self.scratch / ".triton"), PYTHONPATH=_engine_path())
         if self.sandboxed:
-            command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu)
+            command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu,
+                                   writable=(cache,) if cache else ())
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          pass_fds=(to_worker, from_worker), env=env, cwd=self.scratch,
@@ -339,6 +342,15 @@ def _storage_of(value):
     import torch
 
     return value.untyped_storage() if isinstance(value, torch.Tensor) else None
+
+
+def compile_cache() -> Path | None:
+    """The learner's own Triton compile cache, kept between grades (runner.grade's `compile_cache`), or None: a
+    fresh one per worker. It holds only what the learner's kernels compiled to, used only by the learner's
+    worker, so it can decide nothing the learner's source does not; an instructor's regrade never passes one."""
+    value = os.environ.get(COMPILE_CACHE_ENV)
+    path = Path(value) if value else None
+    return path.resolve() if path is not None and path.is_dir() else None
 
 
 def _engine_path() -> str:

@@ -28,7 +28,7 @@ from typing import Callable
 
 from infracourse import __version__, sandbox
 from infracourse.course import Course, LabDir
-from infracourse.grading.protocol import FATAL_EXIT, ProtocolError, validate_event
+from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
 from infracourse.hardware import Hardware, detect
 
@@ -58,9 +58,12 @@ def _signal_name(returncode: int) -> str:
 
 
 def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hardware: Hardware | None = None,
-          on_event: EventHandler | None = None, timeout_scale: float = 1.0) -> GradeResult:
+          on_event: EventHandler | None = None, timeout_scale: float = 1.0,
+          compile_cache: Path | None = None) -> GradeResult:
     """Grade the learner files in `files_dir` for one week (a week reference, or a LabDir the caller has
-    already loaded: then lab.yaml is not read again). Never raises for learner faults."""
+    already loaded: then lab.yaml is not read again). Never raises for learner faults. `compile_cache`: a
+    folder where the learner's Triton kernels stay compiled between grades (a GPU grade of week 9 spends
+    most of a cold grade compiling); without it every grade compiles afresh."""
     lab = week_ref if isinstance(week_ref, LabDir) else course.lab(week_ref)
     hardware = hardware or detect()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -78,6 +81,9 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
         shutil.copytree(files_dir, snapshot, ignore=IGNORED, symlinks=True)
         (work / "pytest.ini").write_text("[pytest]\n")  # keeps the project's own pytest settings out
         env = _grader_env(hardware, files_dir)
+        if compile_cache is not None:
+            compile_cache.mkdir(parents=True, exist_ok=True)
+            env[COMPILE_CACHE_ENV] = str(compile_cache.resolve())
         hung: set[str] = set()  # learner functions that overran a limit: the next judge does not call them
         log_tail = ""
         for _attempt in range(len(lab.spec.checks) + 1):
