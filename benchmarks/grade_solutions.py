@@ -75,11 +75,12 @@ def main() -> None:
             print(f"\n### {result.week} ({label}, grade {attempt + 1}/{args.repeat}): "
                   f"{'complete' if result.complete else 'NOT complete'}"
                   f"{' and verified on GPU' if result.verified_on_gpu else ''} ({result.seconds:.1f} s)")
-            print("| check | status | figures | message |\n|---|---|---|---|")
+            print("| check | status | s | figures | message |\n|---|---|---|---|---|")
             for c in result.checks:
                 figures = "; ".join(f"{name} {measured}" + (f" (target {target})" if target else "")
                                     for name, f in c.figures.items() for measured, target in [f.shown()])
-                print(f"| {c.id} | {c.status} | {figures} | {c.message[:200 if c.status == 'passed' else 900].replace('|', '/')} |")
+                message = c.message[:200 if c.status == 'passed' else 900].replace('|', '/')
+                print(f"| {c.id} | {c.status} | {c.seconds:.1f} | {figures} | {message} |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 
