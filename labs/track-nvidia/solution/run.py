@@ -125,6 +125,13 @@ def main():
     (out / "optimised.json").write_text(json.dumps({**stamp, **mine}, indent=1))
     (out / "failure.json").write_text(json.dumps({**stamp, "cases": cases, "regression": worst}, indent=1))
     print(json.dumps({"baseline": base, "optimised": mine, "regression": worst}, indent=1))
+    report = {"norm_share": base["norm_share"], "launches_per_step": base["launches_per_step"],
+              "copies_per_step": base["copies_per_step"], "operator_speedup": mine["operator_speedup"],
+              "end_to_end_speedup": mine["end_to_end_speedup"],
+              "launches_per_step_optimised": mine["launches_per_step"], "mfu": base["mfu"]}
+    print("report.md's figures, as measured here:\n```yaml figures")  # copied into the report as they stand
+    print("\n".join(f"{name}: {value:.4g}" for name, value in report.items()))
+    print("```")
 
 
 if __name__ == "__main__":
