@@ -96,6 +96,8 @@ def run_lab_command(command: str, folder: Path, report, hw) -> None:
     done = subprocess.run(shlex.split(command), cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     print(f"\n(`{command}` in the solution: exit {done.returncode}{'; ' + done.stderr[-400:] if done.returncode else ''})")
     printed = FIGURES_BLOCK.search(done.stdout)
+    if printed:
+        print(printed.group(0))
     if report and printed:
         path = folder / report
         text = path.read_text()

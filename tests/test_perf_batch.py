@@ -137,3 +137,36 @@ def test_clocked_calls_follow_the_wrappers_copies_but_not_a_result_computed_anot
                 perf.timed(worker.module("mod").add, spec, **record_only)
     finally:
         worker.close()
+
+
+def test_the_garbage_collector_is_paused_for_the_timed_calls_in_process_and_in_the_worker(tmp_path):
+    """A collection inside a clocked batch stalls the host past the device's hold (timeit pauses it too)."""
+    import gc
+
+    import torch
+
+    from infracourse import bench
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+
+    seen = []
+
+    def add(x, y):
+        seen.append(gc.isenabled())
+        return x + y
+
+    bench.measure(add, make_args=lambda: (torch.ones(4), torch.ones(4)), warmup=2, reps=5, device="cpu")
+    assert seen[:2] == [True, True] and seen[2:7] == [False] * 5 and gc.isenabled()
+
+    worker = _worker_with(tmp_path, "import gc\nseen = []\n"
+                                    "def add(x, y):\n    seen.append(gc.isenabled())\n    return x + y\n"
+                                    "def states():\n    return [int(s) for s in seen] + [int(gc.isenabled())]\n")
+    try:
+        module = worker.module("mod")
+        perf.timed(module.add, tensors([[64], [64]], device="cpu", seed=1), check=lambda out, args: None,
+                   label="add", calls=4)
+        states = module.states()
+    finally:
+        worker.close()
+    *calls, after = states
+    assert calls[-4:] == [0] * 4 and after == 1  # the judge's clocked batch ran with collections paused

@@ -14,9 +14,11 @@ Rules (anchors: triton.testing.do_bench, the GPU MODE eval harness, KernelBench)
 """
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -37,6 +39,20 @@ def clocked_batch(prepared: int, host_s: float) -> tuple[int, float]:
     host = min(max(host_s, 0.0), MAX_HOST_S)
     calls = prepared if host <= 0 else max(2, min(prepared, int((MAX_HOLD_S - HOLD_S) / (HOLD_FACTOR * host))))
     return calls, min(HOLD_S + HOLD_FACTOR * calls * host, MAX_HOLD_S)
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for a timed region, as timeit does. A collection that happens to
+    fall inside a clocked batch stalls the host for milliseconds: the device runs dry once its hold is spent,
+    and a batch of a few milliseconds is timed at the pace of that pause, not of the work."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass
@@ -120,29 +136,31 @@ def measure(
     samples: list[float] = []
     spent = 0.0
     target = reps if reps is not None else max_reps
-    while len(samples) < target and (reps is not None or spent < budget_s or len(samples) < 5):
-        args = make_args()
-        checked = check is not None and (not samples or draw.random() < check_fraction)
-        snapshot = _snapshot(args) if checked else None
-        if on_gpu:
-            if flush is not None:
-                flush.zero_()
-            _hold_device(2 * host_s + 20e-6)  # the launch is queued before the start event fires
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn(*args)
-            end.record()
-            torch.cuda.synchronize()  # device-wide: whatever fn queued anywhere has finished
-            elapsed = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            out = fn(*args)
-            elapsed = time.perf_counter() - t0
-        samples.append(elapsed)
-        spent += elapsed
-        if checked:
-            _verify(check, out, args, snapshot)
-        del out
+    gc.collect()  # what the warm-up left, collected before the clock runs (collections are paused while it does)
+    with gc_paused():
+        while len(samples) < target and (reps is not None or spent < budget_s or len(samples) < 5):
+            args = make_args()
+            checked = check is not None and (not samples or draw.random() < check_fraction)
+            snapshot = _snapshot(args) if checked else None
+            if on_gpu:
+                if flush is not None:
+                    flush.zero_()
+                _hold_device(2 * host_s + 20e-6)  # the launch is queued before the start event fires
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn(*args)
+                end.record()
+                torch.cuda.synchronize()  # device-wide: whatever fn queued anywhere has finished
+                elapsed = start.elapsed_time(end) / 1e3
+            else:
+                t0 = time.perf_counter()
+                out = fn(*args)
+                elapsed = time.perf_counter() - t0
+            samples.append(elapsed)
+            spent += elapsed
+            if checked:
+                _verify(check, out, args, snapshot)
+            del out
     if check is not None:
         args = make_args()
         snapshot = _snapshot(args)
@@ -187,15 +205,17 @@ def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
     for args in batch:  # untimed pass: the allocator holds a batch's worth of outputs before the clock runs
         fn(*args)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    held = _hold_device(hold)  # the whole batch is queued while the device waits
-    for i, args in enumerate(batch):
-        out = fn(*args)
-        if i == pick:
-            kept = out
-        del out
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0 - held.seconds()) / calls
+    gc.collect()
+    with gc_paused():
+        t0 = time.perf_counter()
+        held = _hold_device(hold)  # the whole batch is queued while the device waits
+        for i, args in enumerate(batch):
+            out = fn(*args)
+            if i == pick:
+                kept = out
+            del out
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0 - held.seconds()) / calls
     if check is not None:
         _verify(check, kept, batch[pick], snapshot)
     return wall

@@ -29,8 +29,10 @@ def seconds(fn, make_args, device, budget_s=1.0):
     """One call's time: on a GPU bench.measure (CUDA events, fresh inputs); on a CPU the CPU seconds of a call
     (kit.hotspot.cpu_seconds_per_call), which the other work of a shared machine does not inflate, as the
     grader times a CPU."""
-    if device == "cuda":
-        return hotspot.timed_seconds(bench.measure(fn, make_args=make_args, budget_s=budget_s))
+    if device == "cuda":  # two windows, the faster kept (as the grader does): a burst of host work in one of
+        # them (a launch-bound step is timed at the host's pace when the host falls behind) does not decide
+        return min(hotspot.timed_seconds(bench.measure(fn, make_args=make_args, budget_s=budget_s / 2))
+                   for _ in range(2))
     args = make_args()
     once = hotspot.cpu_seconds_per_call(fn, args, 1, rounds=1)
     return hotspot.cpu_seconds_per_call(fn, args, max(2, int(0.15 / max(once, 1e-6))))
@@ -109,7 +111,6 @@ def main():
 
     trainer, base = measure(None, size, device)
     base["norm_share"] = hotspot.hotspot_share(base["norm_ms"], base["step_ms"], size)
-    profile_step(trainer, size, device, out)
     _, mine = measure(rms_norm, size, device)
     mine["operator_speedup"] = base["norm_ms"] / mine["norm_ms"]
     mine["end_to_end_speedup"] = base["step_ms"] / mine["step_ms"]
@@ -120,6 +121,9 @@ def main():
     base["mfu"] = flops / (base["step_ms"] / 1e3 * base["peak_tflops"] * 1e12)
     cases = failure_cases(size, device)
     worst = min(cases, key=lambda c: c["speedup"])
+    # Profiled last: once torch.profiler has traced CUDA work its hooks stay attached and slow every later
+    # launch, so a step timed after it looks slower than it is (a launch-bound step most of all).
+    profile_step(trainer, size, device, out)
 
     (out / "baseline.json").write_text(json.dumps({**stamp, **base}, indent=1))
     (out / "optimised.json").write_text(json.dumps({**stamp, **mine}, indent=1))

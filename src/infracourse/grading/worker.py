@@ -8,6 +8,7 @@ evidence for the judge to check, never a verdict: learner code runs here and cou
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import itertools
 import os
@@ -228,6 +229,7 @@ class Worker:
             host_s = sorted(spans)[len(spans) // 2]  # the median: the first call of a batch can be the slowest
             torch.cuda.synchronize()
         self.batch = {"fn": fn, "args": batch}
+        gc.collect()  # here, not inside the judge's clock: time_run pauses collections (bench.gc_paused)
         return {"value": {"median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s,
                           "n": len(timing.samples_s), "calls": calls, "host_s": host_s},
                 "record": {"ops": sorted({op for r in observed for op in r.ops}),
@@ -247,14 +249,15 @@ class Worker:
         fn, batch = self.batch["fn"], self.batch["args"][:calls]  # the judge clocks the first `calls` prepared
         self.batch["args"] = batch
         on_gpu = torch.cuda.is_available()
-        held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
         outputs, launches = [], []
-        for args in batch:
-            with record_launches() as rec:  # launches only: anything heavier would change the time
-                outputs.append(fn(*args))
-            launches.append(rec)
-        if on_gpu:
-            torch.cuda.synchronize()
+        with bench.gc_paused():
+            held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
+            for args in batch:
+                with record_launches() as rec:  # launches only: anything heavier would change the time
+                    outputs.append(fn(*args))
+                launches.append(rec)
+            if on_gpu:
+                torch.cuda.synchronize()
         # the judge's clock stops when this reply arrives: the launch records are read in time_outputs
         self.batch.update(outputs=outputs, launches=launches)
         return {"value": {"hold_s": held.seconds(), "calls": len(batch)}}
