@@ -200,6 +200,46 @@ def test_fp32_computed_in_fp16_fails_the_fp32_tolerance(kernels):
         assert_close(kernels(fp16=True)(x), _expected(x))
 
 
+def test_a_failure_says_whether_whole_blocks_are_wrong_or_precision_is_lost():
+    from infracourse.compare import assert_grad_close
+
+    expected = torch.randn(8, 64, dtype=torch.float64)
+    skipped = expected.float().clone()
+    skipped[5:7] = 0.0  # two rows a program never computed
+    with pytest.raises(LabCheckFailed, match=r"large errors lie in rows 5-6, columns 0-63 while the rest of the output "
+                                             "is right: a block or row was skipped"):
+        assert_close(skipped, expected)
+    tail = expected[0].float().clone()
+    tail[40:] *= -1  # a 1-D output wrong from element 40 on
+    with pytest.raises(LabCheckFailed, match="lie in elements 40-63 while the rest of the output is right"):
+        assert_grad_close(tail, expected[0], what="dw")
+    imprecise = (expected * (1 + 1e-3)).float()  # small errors everywhere: precision, no block named
+    with pytest.raises(LabCheckFailed, match="out of tolerance") as failure:
+        assert_close(imprecise, expected)
+    assert "rest of the output is right" not in str(failure.value)
+
+
+def test_nan_between_fences_is_told_apart_never_written_from_read_past_the_end():
+    from infracourse.guard import explain_nan, fenced
+
+    def skips_last(x):  # the last element never written (poisoned outputs start as NaN)
+        out = torch.empty_like(x)
+        out[:-1] = x[:-1] * 2
+        return out
+
+    def reads_past(x):  # shifted by one, the element past the end read where the storage has one
+        room = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
+        beyond = x.as_strided((1,), (1,), x.storage_offset() + x.numel()) if room > x.numel() else x.new_zeros(1)
+        return torch.cat([x[1:], beyond]) * 2
+
+    x = fenced(torch.randn(10))
+    with pytest.raises(LabCheckFailed, match=r"1 output element\(s\) never written \(first at \[9\]"):
+        explain_nan(skips_last, (x,), name="f", what="f", never_written="", past_end="")
+    assert torch.isnan(run_watched(reads_past, x, name="f", require_kernel=False)).any()
+    with pytest.raises(LabCheckFailed, match="read from past the end of an input"):
+        explain_nan(reads_past, (x,), name="f", what="f", never_written="", past_end="")
+
+
 # ----------------------------------------------------------------- lazy, subclassed, misplaced outputs
 class Subclassed(torch.Tensor):
     pass

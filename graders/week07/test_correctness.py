@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from infracourse.compare import assert_close
-from infracourse.guard import LabCheckFailed, fenced, interpreter_note, require_plain_tensor, run_watched
+from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
+                               run_watched)
 
 SIZES = [1, 127, 128, 129, 1023, 1025, 10**6]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -119,16 +120,10 @@ def test_masks(ops, device):
 
 
 def _explain_nan(ops, x, y, n):
-    """NaN in an add between NaN fences: outputs start as NaN here too, so call again on plain copies to tell
-    an element never written from a load past the end."""
-    again = run_watched(ops.add, x.clone(), y.clone(), name="add", require_kernel=False)
-    if torch.isnan(again).any():
-        first = int(torch.isnan(again).nonzero()[0, 0])
-        raise LabCheckFailed(f"add at n={n}: {int(torch.isnan(again).sum())} output element(s) never written (first "
-                             f"at {first}; outputs start as NaN here). Launch triton.cdiv(n, BLOCK) programs so the "
-                             "last, partial block is covered, and store every lane below n.")
-    raise LabCheckFailed(f"add at n={n}: NaN in the output, read from past the end of an input (NaN lies just "
-                         "beyond it here). Pass mask=offsets < n to every tl.load.")
+    explain_nan(ops.add, (x, y), name="add", what=f"add at n={n}",
+                never_written="Launch triton.cdiv(n, BLOCK) programs so the last, partial block is covered, and "
+                              "store every lane below n.",
+                past_end="Pass mask=offsets < n to every tl.load.")
 
 
 @pytest.mark.check("kernel-did-work")

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed, fenced, run_watched
+from infracourse.guard import LabCheckFailed, explain_nan, fenced, run_watched
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Row lengths around powers of two, odd ones, and 16385 (one past 2^14, where many kernels change strategy).
@@ -107,6 +107,8 @@ def test_masks(softmax, expect, device):
         expected = torch.softmax(x.double(), dim=-1)
         out = run_watched(softmax, x, name="softmax", require_kernel=False)
         if torch.isnan(out).any():
-            raise LabCheckFailed(f"softmax at shape {shape}: NaN in the output, read from past the end of the "
-                                 "input. Pass mask=cols < n_cols to every tl.load, with other=-float('inf').")
+            explain_nan(softmax, (x,), name="softmax", what=f"softmax at shape {shape}",
+                        never_written="Launch one program per row (or cover every row with your loop) and store "
+                                      "every column below n_cols, the last partial block included.",
+                        past_end="Pass mask=cols < n_cols to every tl.load, with other=-float('inf').")
         expect(out, x, expected, f"shape {shape} between NaN fences")

@@ -4,9 +4,10 @@ import random
 import pytest
 import torch
 
-from infracourse.compare import relative_error
+from infracourse.compare import relative_error, wrong_blocks
 from infracourse.grading.inputs import dtype_name as _name
-from infracourse.guard import LabCheckFailed, fenced, interpreter_note, require_plain_tensor, run_watched
+from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
+                               run_watched)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (M, K, N): C is M x N. Sizes that do not divide any tile, 1x1x1, K = 1, a row vector times a matrix,
@@ -21,39 +22,19 @@ def product_error(mm, a, b, what, with_output=False):
     require_plain_tensor(out, shape=(a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device,
                          what=f"matmul output for {what}")
     if torch.isnan(out).any():
-        # outputs start as NaN here, and fenced inputs have NaN just past their ends: plain copies tell which
-        again = run_watched(mm.matmul, a.clone(), b.clone(), name="matmul", require_kernel=False)
-        if torch.isnan(again).any():
-            row, col = torch.isnan(again).nonzero()[0].tolist()
-            raise LabCheckFailed(f"matmul for {what}: {int(torch.isnan(again).sum())} element(s) of C never written "
-                                 f"(first at [{row}, {col}]; outputs start as NaN here): launch a program for every "
-                                 "tile, cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N), and store each tile's edge elements.")
-        raise LabCheckFailed(f"matmul for {what}: NaN in the output, read from past the end of A or B (NaN lies just "
-                             "beyond them here): mask the K tail (other=0.0) and the M/N edges of every load.")
+        explain_nan(mm.matmul, (a, b), name="matmul", what=f"matmul for {what}",
+                    never_written="Launch a program for every tile, cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N), and store "
+                                  "each tile's edge elements.",
+                    past_end="Mask the K tail (other=0.0) and the M/N edges of every load of A and B.")
     err = relative_error(out, a.double() @ b.double())
     return (err, out) if with_output else err
-
-
-def _wrong_blocks(out, expected) -> str:
-    """'12 of 4000 elements (rows 32-44, columns 0-39) are wrong, the rest right' when the error sits in whole
-    blocks (a skipped or misplaced tile); empty when it is spread over every element (precision)."""
-    e = expected.double()
-    scale = e.pow(2).mean().sqrt().item() or 1.0
-    bad = (out.double() - e).abs() > 0.1 * scale
-    if not bad.any() or bad.all():
-        return ""
-    rows, cols = bad.nonzero()[:, 0], bad.nonzero()[:, 1]
-    return (f"{int(bad.sum())} of {bad.numel()} elements are wrong (between rows {rows.min().item()}-"
-            f"{rows.max().item()}, columns {cols.min().item()}-{cols.max().item()}) while the rest are right: a tile was "
-            "skipped, stored in the wrong place or loaded from the wrong part of A or B (grid, tile indexing, strides, "
-            "K loop), not a precision problem")
 
 
 def check_product(mm, a, b, bound, what):
     """Fail unless the learner's a @ b is within `bound`, saying what an error of this size usually means."""
     err, out = product_error(mm, a, b, what, with_output=True)
     if not err <= bound:
-        blocks = _wrong_blocks(out, a.double() @ b.double())
+        blocks = wrong_blocks(out, a.double() @ b.double())
         if blocks:
             advice = blocks
         elif err > 0.05:

@@ -8,7 +8,8 @@ import torch
 from infracourse.compare import assert_close, assert_grad_close, relative_error
 from infracourse.grading.inputs import dtype_name as _name
 from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed, fenced, interpreter_note, require_plain_tensor, run_watched
+from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
+                               run_watched)
 from infracourse.kit.gpt import GPTConfig, synthetic_batch
 from infracourse.kit.probes import GPTTrainer
 
@@ -30,10 +31,15 @@ def make_inputs(shape, dtype, device, weight_dtype=None):
     return x, weight
 
 
-def check_forward(rms, x, weight, reference, what, eps=None):
+def check_forward(rms, x, weight, reference, what, eps=None, fenced_inputs=False):
     args = (x, weight) if eps is None else (x, weight, eps)
     out = run_watched(rms.rms_norm, *args, name="rms_norm", require_kernel=False)
     require_plain_tensor(out, like=x, what=f"rms_norm output for {what} (x's shape and dtype)")
+    if fenced_inputs and torch.isnan(out).any():  # NaN beyond the inputs, outputs poisoned: which one?
+        explain_nan(rms.rms_norm, args, name="rms_norm", what=f"rms_norm for {what}",
+                    never_written="Launch one program per row (or cover every row with your loop) and store every "
+                                  "column below n_cols.",
+                    past_end="Mask every tl.load of x and weight with cols < n_cols (other=0.0).")
     expected = reference(x, weight) if eps is None else reference(x, weight, eps=eps)
     try:
         assert_close(out, expected, what=f"rms_norm for {what}")
@@ -150,7 +156,7 @@ def test_masks(rms, learner, device, reference):
         x, weight = (fenced(t) for t in make_inputs((rows, cols), torch.float32, device))
         dy = fenced(torch.randn(rows, cols, device=device))
         what = f"x ({rows}, {cols}) fp32 with fenced inputs"
-        check_forward(rms, x, weight, reference, what)
+        check_forward(rms, x, weight, reference, what, fenced_inputs=True)
         if cols > 1:
             check_watched_backward(rms, learner, x, weight, dy, reference, what)
 

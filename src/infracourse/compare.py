@@ -60,7 +60,34 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
         raise LabCheckFailed(
             f"{what}: {int(bad.sum())} of {a.numel()} elements out of tolerance (rtol={rtol:g}, atol={atol:g} for "
             f"{actual.dtype}); first at index {list(idx)}: yours {a[idx].item():.6g}, reference {e[idx].item():.6g}, "
-            f"max abs error {err[finite].max().item():.3g}")
+            f"max abs error {err[finite].max().item():.3g}" + _located(actual, expected))
+
+
+def wrong_blocks(actual: Any, expected: Any) -> str:
+    """Where the grossly wrong elements (off by more than a tenth of the reference's rms) sit, when only part of
+    the output is wrong: a program's block or row skipped, stored in the wrong place or computed from the wrong
+    part of an input. Empty when nothing is grossly wrong or everything is (precision, or the formula itself)."""
+    import torch
+
+    a = actual.detach().to(torch.float64)
+    e = expected.detach().to(a.device, torch.float64)
+    if a.dim() == 0 or a.shape != e.shape or not a.numel():
+        return ""
+    a, e = a.reshape(-1, a.shape[-1]), e.reshape(-1, e.shape[-1])  # rows x the last dimension
+    finite = torch.isfinite(e)
+    scale = e[finite].pow(2).mean().sqrt().item() if finite.any() else 0.0
+    bad = ~((a - e).abs() <= 0.1 * (scale or 1.0)) & finite  # NaN in yours counts as wrong
+    if not bad.any() or bad[finite].all():
+        return ""
+    rows, cols = bad.nonzero().unbind(1)
+    r0, r1, c0, c1 = rows.min().item(), rows.max().item(), cols.min().item(), cols.max().item()
+    box = (r1 - r0 + 1) * (c1 - c0 + 1)
+    if box == bad.numel() or int(bad.sum()) < box // 2:  # spread over the whole output, or scattered: no block
+        return ""
+    where = f"elements {c0}-{c1}" if a.shape[0] == 1 else f"rows {r0}-{r1}, columns {c0}-{c1}"
+    return (f"the large errors lie in {where} while the rest of the output is right: a block or row was skipped, "
+            "stored in the wrong place or computed from the wrong part of an input (grid size, indexing, strides, "
+            "loop bounds), not a precision problem")
 
 
 def relative_error(actual: Any, expected: Any) -> float:
@@ -96,4 +123,10 @@ def assert_grad_close(actual: Any, expected: Any, *, what: str, hint: str = "") 
         where = tuple(torch.nonzero(bad)[0].tolist())
         raise LabCheckFailed(
             f"{what}: {int(bad.sum())} of {a.numel()} elements off (relative error {relative_error(a, e):.2e}); first "
-            f"at index {list(where)}: yours {a[where].item():.6g}, reference {e[where].item():.6g}. {hint}".strip())
+            f"at index {list(where)}: yours {a[where].item():.6g}, reference {e[where].item():.6g}"
+            f"{_located(actual, expected)}. {hint}".strip())
+
+
+def _located(actual: Any, expected: Any) -> str:
+    blocks = wrong_blocks(actual, expected)
+    return f". {blocks[0].upper()}{blocks[1:]}" if blocks else ""

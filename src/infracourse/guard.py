@@ -172,6 +172,25 @@ def fenced(tensor):
     return view
 
 
+def explain_nan(fn: Callable[..., Any], args: tuple, *, name: str, what: str, never_written: str,
+                past_end: str) -> None:
+    """Raise the real cause of NaN in an output computed from fenced inputs (NaN just past each input's end) into
+    poisoned outputs (they start as NaN): called again on plain copies of the inputs, NaN that stays is an element
+    the kernel never wrote, NaN that goes was read from past an input's end. `never_written` and `past_end` say
+    what to do about each."""
+    import torch
+
+    plain = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    again = run_watched(fn, *plain, name=name, require_kernel=False)
+    nan = torch.isnan(again) if isinstance(again, torch.Tensor) else None
+    if nan is not None and nan.any():
+        first = nan.nonzero()[0].tolist()
+        raise LabCheckFailed(f"{what}: {int(nan.sum())} output element(s) never written (first at {first}; outputs "
+                             f"start as NaN here). {never_written}")
+    raise LabCheckFailed(f"{what}: NaN in the output, read from past the end of an input (NaN lies just beyond each "
+                         f"input here). {past_end}")
+
+
 def _context() -> str | None:
     """'kernel' while a Triton kernel runs, 'tuner' while Triton's autotuner benchmarks, else None."""
     stack = getattr(_state, "stack", None)
