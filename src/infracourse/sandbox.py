@@ -110,9 +110,11 @@ def hidden_paths() -> list[str]:
 
 
 def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str | None = None,
-         gpu: bool = False, writable: tuple[Path, ...] = ()) -> list[str]:
+         gpu: bool = False, writable: tuple[tuple[Path, Path], ...] = ()) -> list[str]:
     """The bwrap command line that runs `command` confined (see the module docstring for what it sees).
-    `writable`: more folders bound read-write (a learner's own compile cache), each at its own path."""
+    `writable`: more host folders bound read-write (a learner's own compile cache), as (host path, path inside).
+    The path inside belongs under `scratch`: bound at its host path, a folder would bring the names of its
+    parents (a workspace, a home) into the sandbox as writable empty folders."""
     tool = tool or find_bwrap()
     args = [tool, "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
             "--tmpfs", "/tmp", "--tmpfs", "/home", "--tmpfs", "/root"]
@@ -127,8 +129,8 @@ def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str 
             for node in sorted(glob.glob(pattern)):
                 args += ["--dev-bind", node, node]
     args += ["--bind", str(scratch), str(scratch)]
-    for path in writable:
-        args += ["--bind", str(path), str(path)]
+    for host, inside in writable:
+        args += ["--bind", str(host), str(inside)]
     if snapshot is not None:
         args += ["--ro-bind", str(snapshot), str(snapshot)]
     args += ["--setenv", "HOME", str(scratch), "--setenv", "TMPDIR", str(scratch), "--chdir", str(scratch), "--"]

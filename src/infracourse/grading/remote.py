@@ -100,12 +100,16 @@ class Worker:
                    "--out", str(from_worker), "--learner", str(self.learner_dir)]
         env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
         cache = compile_cache()
+        inside = self.scratch / ".triton"  # a kept cache is bound there in the sandbox
         env.update(HOME=str(self.scratch), TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1",
                    PYTHONUNBUFFERED="1",  # what it printed before a crash reaches the log (and the message)
-                   TRITON_CACHE_DIR=str(cache or self.scratch / ".triton"), PYTHONPATH=_engine_path())
+                   TRITON_CACHE_DIR=str(inside if self.sandboxed or cache is None else cache),
+                   PYTHONPATH=_engine_path())
         if self.sandboxed:
+            if cache is not None:
+                inside.mkdir(exist_ok=True)  # the mount point, in the worker's own scratch
             command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu,
-                                   writable=(cache,) if cache else ())
+                                   writable=((cache, inside),) if cache else ())
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          pass_fds=(to_worker, from_worker), env=env, cwd=self.scratch,
