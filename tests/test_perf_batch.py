@@ -170,3 +170,26 @@ def test_the_garbage_collector_is_paused_for_the_timed_calls_in_process_and_in_t
         worker.close()
     *calls, after = states
     assert calls[-4:] == [0] * 4 and after == 1  # the judge's clocked batch ran with collections paused
+
+
+def test_a_batch_that_outran_its_hold_is_clocked_once_more_with_a_hold_that_covers_its_launches():
+    from infracourse.bench import rehold
+
+    assert rehold(8e-3, 5e-3) is None  # the device was still held when the last call was enqueued
+    assert rehold(8e-3, 9.8e-3) == pytest.approx(HOLD_S + 2 * 9.8e-3)  # the host stalled: held twice as long
+    assert rehold(30e-3, 40e-3) == MAX_HOLD_S  # never past the longest hold
+    assert rehold(MAX_HOLD_S, 0.2) is None  # already the longest: the figure stands as measured
+
+
+def test_the_worker_reports_how_long_the_host_took_to_enqueue_the_clocked_batch(tmp_path):
+    from infracourse.grading.inputs import tensors
+
+    worker = _worker_with(tmp_path, "import time\ndef slow(x):\n    time.sleep(0.002)\n    return x * 2\n")
+    try:
+        fn = worker.module("mod").slow
+        worker.request("time_prepare", {"make_args": tensors([[8]], device="cpu", seed=0)}, target=fn._handle.id,
+                       calls=3)
+        ran = worker.request("time_run", hold_s=0.0, calls=3).value
+    finally:
+        worker.close()
+    assert ran["calls"] == 3 and 3 * 0.002 <= ran["enqueue_s"] < 1.0

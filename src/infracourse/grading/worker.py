@@ -249,18 +249,21 @@ class Worker:
         fn, batch = self.batch["fn"], self.batch["args"][:calls]  # the judge clocks the first `calls` prepared
         self.batch["args"] = batch
         on_gpu = torch.cuda.is_available()
+        self.batch.pop("outputs", None)  # a second clocked batch (the judge asked for a longer hold) replaces the first
         outputs, launches = [], []
         with bench.gc_paused():
             held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
+            t0 = time.perf_counter()
             for args in batch:
                 with record_launches() as rec:  # launches only: anything heavier would change the time
                     outputs.append(fn(*args))
                 launches.append(rec)
+            enqueued = time.perf_counter() - t0
             if on_gpu:
                 torch.cuda.synchronize()
         # the judge's clock stops when this reply arrives: the launch records are read in time_outputs
         self.batch.update(outputs=outputs, launches=launches)
-        return {"value": {"hold_s": held.seconds(), "calls": len(batch)}}
+        return {"value": {"hold_s": held.seconds(), "calls": len(batch), "enqueue_s": enqueued}}
 
     def time_outputs(self, header: dict) -> tuple[dict, dict]:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
