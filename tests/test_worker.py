@@ -132,6 +132,8 @@ def test_flooding_stdout_and_stderr_does_not_block_and_goes_to_the_log(make_work
     assert worker.module("mod").flood() == 7
     assert worker.log_path.stat().st_size >= 64 * 2**20
     assert "done flooding" in worker.output_tail()
+    worker.close()
+    assert not worker.log_path.exists()  # read into the messages while it ran, not left behind by every grade
 
 
 @pytest.mark.parametrize("written, expected", [

@@ -137,6 +137,7 @@ class Worker:
         self.callback_pool.shutdown(wait=False, cancel_futures=True)
         if self._scratch_owner is not None:
             self._scratch_owner.cleanup()
+            self.log_path.unlink(missing_ok=True)  # what it printed was read into the messages: not kept per grade
 
     def _discard(self) -> None:
         if self.proc is not None:
