@@ -175,7 +175,7 @@ def init(folder: Path = typer.Argument(..., help="Folder for the workspace (crea
 
     ws = Workspace.init(folder)
     console.print(f"Workspace ready at [bold]{escape(str(ws.root))}[/bold]. "
-                  f"Next: cd {escape(str(ws.root))} && infracourse next")
+                  f"Next: cd {escape(str(ws.root))} && infracourse next", soft_wrap=True)
 
 
 @_command("next")
@@ -266,7 +266,7 @@ def _completion(ws, course, as_json: bool, out: Optional[Path]) -> None:
     else:
         views.print_completion(console, cert)
         if out:
-            console.print(escape(f"wrote {out / 'completion.json'} and {out / 'completion.html'}"))
+            console.print(escape(f"wrote {out / 'completion.json'} and {out / 'completion.html'}"), soft_wrap=True)
 
 
 @_command()
@@ -336,7 +336,8 @@ def reset(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
     w = _week(course, week, ws)
     backup = ws.reset(course, w)
     console.print(escape(f"{w.id} restored to its starter files." +
-                         (f" Your versions are in {backup}." if backup else " (Nothing of yours differed.)")))
+                         (f" Your versions are in {backup}." if backup else " (Nothing of yours differed.)")),
+                  soft_wrap=True)  # the terminal wraps it: the path stays one piece to copy
 
 
 @_command()
@@ -359,7 +360,8 @@ def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
     def show(result) -> None:
         console.clear()
         views.print_watch(console, result, views.next_step(ws, course) if result.complete else None)
-        console.print(f"[dim]watching {escape(str(folder))} — save a file to regrade, Ctrl-C to stop[/dim]")
+        console.print(f"[dim]watching {escape(str(folder))} — save a file to regrade, Ctrl-C to stop[/dim]",
+                      soft_wrap=True)
 
     try:
         watch_loop(folder, grade_once, show, interval=interval)
@@ -386,7 +388,7 @@ def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceO
         stamp_environment(path, detect())
     except LabCheckFailed as exc:
         _fail(str(exc))
-    console.print(escape(f"Environment written into {path}"))
+    console.print(escape(f"Environment written into {path}"), soft_wrap=True)
 
 
 @_command()
