@@ -111,19 +111,15 @@ def test_masks(ops, device):
         x, y = (fenced(t) for t in _pair(n, torch.float32, device))
         out = run_watched(ops.add, x, y, name="add", require_kernel=False)
         if torch.isnan(out).any():
-            _explain_nan(ops, x, y, n)
+            explain_nan(ops.add, (x, y), name="add", what=f"add at n={n}",
+                        never_written="Launch triton.cdiv(n, BLOCK) programs so the last, partial block is covered, "
+                                      "and store every lane below n.",
+                        past_end="Pass mask=offsets < n to every tl.load.")
         assert_close(out, x.double() + y.double(), what=f"add at n={n}")
         total = run_watched(ops.reduce_sum, x, name="reduce_sum", require_kernel=False)
         if torch.isnan(total):
             raise LabCheckFailed(f"reduce_sum at n={n} is NaN: it read past the end of the input. "
                                  "Load with mask=offsets < n and other=0.0.")
-
-
-def _explain_nan(ops, x, y, n):
-    explain_nan(ops.add, (x, y), name="add", what=f"add at n={n}",
-                never_written="Launch triton.cdiv(n, BLOCK) programs so the last, partial block is covered, and "
-                              "store every lane below n.",
-                past_end="Pass mask=offsets < n to every tl.load.")
 
 
 @pytest.mark.check("kernel-did-work")

@@ -121,8 +121,7 @@ def main():
     base["mfu"] = flops / (base["step_ms"] / 1e3 * base["peak_tflops"] * 1e12)
     cases = failure_cases(size, device)
     worst = min(cases, key=lambda c: c["speedup"])
-    # Profiled last: once torch.profiler has traced CUDA work its hooks stay attached and slow every later
-    # launch, so a step timed after it looks slower than it is (a launch-bound step most of all).
+    # Profiled last, after every timing: the profiler's own work never sits between the two steps compared
     profile_step(trainer, size, device, out)
 
     (out / "baseline.json").write_text(json.dumps({**stamp, **base}, indent=1))
