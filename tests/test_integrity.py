@@ -370,6 +370,19 @@ def test_escaped_flags_work_outside_the_timed_stream(median_us, wall_us, escaped
     assert timing.seconds == pytest.approx(max(median_us, wall_us) * 1e-6)  # never less than the wall clock saw
 
 
+@pytest.mark.parametrize("median_us, wall_us, calls, escaped", [
+    (50.0, 108.0, 16, False),  # a norm's forward + backward on the H200: 0.9 ms of the batch's own costs over 16 calls
+    (7.9, 37.2, 48, False),    # a 512^3 matmul: 1.4 ms over 48 calls
+    (2.0, 400.0, 48, True),    # a side stream: far more than any batch's fixed costs
+    (5.0, 60.0, 48, True),     # 2.6 ms over the batch: more than its costs explain
+])
+def test_a_batchs_fixed_costs_are_not_read_as_escaped_work(median_us, wall_us, calls, escaped):
+    timing = bench.Timing(median_s=median_us * 1e-6, p10_s=0, p90_s=0, samples_s=[], wall_per_call_s=wall_us * 1e-6,
+                          device="cuda", wall_calls=calls)
+    assert timing.escaped is escaped
+    assert timing.seconds == pytest.approx(wall_us * 1e-6)  # the figure still takes what the device-wide clock saw
+
+
 def test_cpu_timings_have_no_wall_cross_check():
     timing = _timing(1e-3, None, device="cpu")
     assert not timing.escaped and timing.seconds == 1e-3

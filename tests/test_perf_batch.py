@@ -177,8 +177,67 @@ def test_a_batch_that_outran_its_hold_is_clocked_once_more_with_a_hold_that_cove
 
     assert rehold(8e-3, 5e-3) is None  # the device was still held when the last call was enqueued
     assert rehold(8e-3, 9.8e-3) == pytest.approx(HOLD_S + 2 * 9.8e-3)  # the host stalled: held twice as long
-    assert rehold(30e-3, 40e-3) == MAX_HOLD_S  # never past the longest hold
+    assert rehold(80e-3, 120e-3) == MAX_HOLD_S  # never past the longest hold
     assert rehold(MAX_HOLD_S, 0.2) is None  # already the longest: the figure stands as measured
+    # the hold asked covered the launches but the device was held for less (the spin ran short): once more
+    assert rehold(8e-3, 5e-3, held_s=1e-3) == pytest.approx(2 * 8e-3)  # at least twice the last hold
+
+
+def test_a_worker_that_keeps_reporting_a_short_hold_gets_a_few_batches_at_most():
+    from infracourse.bench import rehold
+
+    hold, batches = HOLD_S, 1
+    while (hold := rehold(hold, 1e-3, held_s=0.0)) is not None:
+        batches += 1
+    assert batches <= 11  # the hold at least doubles each time, from HOLD_S to MAX_HOLD_S
+
+
+class _FakeDevice:
+    """A device clock for the spin kernel: the first launch also loads the kernel (30 ms), and each launch
+    reaches the device 8 us after the event before it fired."""
+    def __init__(self, cycles_per_s):
+        self.now, self.rate, self.loaded = 0.0, cycles_per_s, False
+
+    def sleep(self, cycles):
+        self.now += 8e-6 + (0.0 if self.loaded else 30e-3) + cycles / self.rate
+        self.loaded = True
+
+    def event(self, enable_timing=True):
+        device = self
+
+        class Event:
+            def record(self):
+                self.at = device.now
+
+            def synchronize(self):
+                pass
+
+            def query(self):
+                return True
+
+            def elapsed_time(self, other):
+                return (other.at - self.at) * 1e3
+        return Event()
+
+
+def test_the_spin_kernels_rate_leaves_out_the_first_launch_and_the_launch_gap(monkeypatch):
+    import torch
+
+    from infracourse import bench
+
+    device = _FakeDevice(1.98e9)
+    monkeypatch.setattr(torch.cuda, "Event", device.event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", device.sleep, raising=False)
+    monkeypatch.setattr(bench, "_cycles_per_s", None)
+    monkeypatch.setattr(bench, "_last_hold", None)
+    held = bench._hold_device(20e-3)
+    assert bench._cycles_per_s == pytest.approx(1.98e9, rel=1e-3)
+    assert held.seconds() == pytest.approx(20e-3, rel=1e-2)  # as asked: it was 0.8 ms on the H200 before
+    device.rate = 1.5e9  # the clock dropped: the next hold measures the new rate from the last one
+    bench._hold_device(20e-3)
+    bench._hold_device(20e-3)
+    assert bench._cycles_per_s == pytest.approx(1.5e9, rel=1e-2)
 
 
 def test_the_worker_reports_how_long_the_host_took_to_enqueue_the_clocked_batch(tmp_path):

@@ -24,10 +24,16 @@ from typing import Any, Callable
 
 DEFAULT_L2_FLUSH_BYTES = 256 * 2**20
 HOLD_S = 300e-6        # the device is held at least this long before a clocked batch, so launches queue
-MAX_HOLD_S = 0.05      # ... and at most this long (the spin kernel's longest hold)
+MAX_HOLD_S = 0.2       # ... and at most this long: a call the host takes ~0.7 ms to launch (a norm's forward +
+                       # backward through autograd) still gets a batch of 48 calls, whose fixed costs then
+                       # weigh 3x less per call than in the 16 that a 50 ms hold allowed
 MAX_HOST_S = 25e-3     # a host launch time is taken as at most this per call
 HOLD_FACTOR = 4        # the hold covers this many times the host's launch time of the batch: the figure is a
                        # quiet call's, and a 512^3 matmul still read as 'escaped' at 2x on the H200
+BATCH_CALLS = 48       # calls in a batch clocked by the device-wide clock, where memory allows
+ESCAPE_SLACK_S = 20e-6   # a call's device-wide time may exceed twice its events' time by this much ...
+BATCH_FIXED_S = 1.5e-3   # ... or by this over the batch: what a clocked batch costs besides its calls (waking
+                         # the worker, launching the hold, the reply) measured 0.6-1.4 ms on the H200
 
 
 def clocked_batch(prepared: int, host_s: float) -> tuple[int, float]:
@@ -41,14 +47,17 @@ def clocked_batch(prepared: int, host_s: float) -> tuple[int, float]:
     return calls, min(HOLD_S + HOLD_FACTOR * calls * host, MAX_HOLD_S)
 
 
-def rehold(hold_s: float, enqueued_s: float) -> float | None:
-    """A longer hold for a second clocked batch when the host took longer to enqueue the first than the device
+def rehold(hold_s: float, enqueued_s: float, held_s: float | None = None) -> float | None:
+    """A longer hold for another clocked batch when the host took longer to enqueue the batch than the device
     was held (the device ran dry, so the batch was timed at the host's pace: a stall of the host, not the work);
-    None when the hold covered the launches or is already the longest. Only a hold follows from what the batch
-    reports: the time graded is still the device's, measured after the hold."""
-    if enqueued_s <= hold_s or hold_s >= MAX_HOLD_S:
+    None when the hold covered the launches or is already the longest. `held_s`, the hold's own time on the
+    device where known, counts when it fell short of what was asked. Each new hold is at least twice the last,
+    so a batch is clocked a few times at most. Only a hold follows from what the batch reports: the time
+    graded is still the device's, measured after the hold."""
+    covered = hold_s if held_s is None else min(hold_s, held_s)
+    if enqueued_s <= covered or hold_s >= MAX_HOLD_S:
         return None
-    return min(HOLD_S + 2 * enqueued_s, MAX_HOLD_S)
+    return min(max(HOLD_S + 2 * enqueued_s, 2 * hold_s), MAX_HOLD_S)
 
 
 @contextmanager
@@ -73,6 +82,7 @@ class Timing:
     samples_s: list[float] = field(repr=False)
     wall_per_call_s: float | None = None  # device-synchronised host clock over a batch (GPU only)
     device: str = "cpu"
+    wall_calls: int | None = None  # the calls of that batch
 
     @property
     def seconds(self) -> float:
@@ -81,16 +91,19 @@ class Timing:
 
     @property
     def escaped(self) -> bool:
-        """True when most of the work ran outside the timed stream (e.g. launched on a side stream). A CPU has
-        no streams: there the clock around a batch also counts the worker's per-call loop, and is no evidence."""
+        """True when most of the work ran outside the timed stream (e.g. launched on a side stream): the
+        device-wide clock saw over twice what the events saw, by more than a batch's fixed costs explain. A CPU
+        has no streams: there the clock around a batch also counts the worker's per-call loop, and is no
+        evidence. Work below that slack is no gain to hide: `seconds` takes the device-wide clock whenever it
+        saw more."""
         wall = self.wall_per_call_s
-        return (self.device != "cpu" and wall is not None and wall > 2 * self.median_s
-                and wall - self.median_s > 20e-6)
+        slack = max(ESCAPE_SLACK_S, BATCH_FIXED_S / self.wall_calls if self.wall_calls else 0.0)
+        return self.device != "cpu" and wall is not None and wall > 2 * self.median_s and wall - self.median_s > slack
 
     def as_dict(self) -> dict:
         return {"median_s": self.median_s, "p10_s": self.p10_s, "p90_s": self.p90_s, "n": len(self.samples_s),
-                "wall_per_call_s": self.wall_per_call_s, "seconds": self.seconds, "escaped": self.escaped,
-                "device": self.device}
+                "wall_per_call_s": self.wall_per_call_s, "wall_calls": self.wall_calls, "seconds": self.seconds,
+                "escaped": self.escaped, "device": self.device}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -176,9 +189,10 @@ def measure(
         snapshot = _snapshot(args)
         _verify(check, fn(*args), args, snapshot)  # one more, outside the statistics
 
-    wall = _wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu and wall_clock else None
+    wall, calls = _wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu and wall_clock else (None, None)
     return Timing(median_s=statistics.median(samples), p10_s=percentile(samples, 10),
-                  p90_s=percentile(samples, 90), samples_s=samples, wall_per_call_s=wall, device=device)
+                  p90_s=percentile(samples, 90), samples_s=samples, wall_per_call_s=wall, device=device,
+                  wall_calls=calls)
 
 
 def _snapshot(args: tuple) -> list:
@@ -197,9 +211,9 @@ def _verify(check: Callable[[Any, tuple], None], out: Any, args: tuple, snapshot
 
 def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
                    check: Callable[[Any, tuple], None] | None = None, draw: random.Random | None = None,
-                   calls: int = 8, host_s: float = 0.0) -> float:
-    """Host clock around a batch of calls, bracketed by device-wide synchronisation; one random output of the
-    batch is checked afterwards, so the batch cannot be skipped either."""
+                   calls: int = 8, host_s: float = 0.0) -> tuple[float, int]:
+    """Host clock around a batch of calls, bracketed by device-wide synchronisation, per call, and the calls
+    clocked; one random output of the batch is checked afterwards, so the batch cannot be skipped either."""
     import torch
 
     first = make_args()
@@ -228,45 +242,68 @@ def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
             enqueued = time.perf_counter() - t0
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0 - held.seconds()) / calls
-        hold = rehold(hold, enqueued)
+        hold = rehold(hold, enqueued, held.seconds())
     if check is not None:
         _verify(check, kept, batch[pick], snapshot)
-    return wall
+    return wall, calls
 
 
 class _Hold:
-    def __init__(self, start=None, end=None):
-        self.start, self.end = start, end
+    def __init__(self, start=None, end=None, cycles: int = 0):
+        self.start, self.end, self.cycles = start, end, cycles
 
     def seconds(self) -> float:
         return self.start.elapsed_time(self.end) / 1e3 if self.start is not None else 0.0
 
 
 _cycles_per_s: float | None = None
+_last_hold: _Hold | None = None
+SPIN_CALIBRATION = (1_000_000, 10_000_000)  # spin cycles of the two calibration runs (~0.5 and ~5 ms)
+
+
+def _spin_rate(sleep) -> float:
+    """Cycles per second of the spin kernel, from the difference of two timed spins after a warm-up launch: the
+    first launch's loading of the kernel and the gap before a launch reaches the device cancel out (timed
+    alone, they made holds 1.3x to 35x shorter than asked on the H200)."""
+    import torch
+
+    sleep(1000)
+    torch.cuda.synchronize()
+    spans = []
+    for cycles in SPIN_CALIBRATION:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        sleep(cycles)
+        b.record()
+        b.synchronize()
+        spans.append(a.elapsed_time(b) / 1e3)
+    return (SPIN_CALIBRATION[1] - SPIN_CALIBRATION[0]) / max(spans[1] - spans[0], 1e-6)
 
 
 def _hold_device(seconds: float) -> _Hold:
     """Keep the current stream busy for about `seconds` (torch.cuda._sleep), so that calls enqueued meanwhile
     start back to back: the time measured is the device's, not the host's launch overhead. The hold itself is
-    bracketed by events so a host-clock measurement can subtract it exactly."""
+    bracketed by events so a host-clock measurement can subtract it exactly. The spin's rate follows the
+    device's clock: each finished hold of 100 us or more re-measures it."""
     import torch
 
-    global _cycles_per_s
+    global _cycles_per_s, _last_hold
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None or seconds <= 0:
         return _Hold()
-    if _cycles_per_s is None:  # the spin kernel counts clock cycles: learn this device's rate once
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        sleep(1_000_000)
-        b.record()
-        b.synchronize()
-        _cycles_per_s = 1_000_000 / max(a.elapsed_time(b) / 1e3, 1e-6)
+    if _cycles_per_s is None:
+        _cycles_per_s = _spin_rate(sleep)
+    last = _last_hold
+    if last is not None and last.end.query() and last.seconds() >= 100e-6:
+        rate = last.cycles / last.seconds()  # within 2x: a host stall between a start event and its spin is no rate
+        _cycles_per_s = min(max(rate, _cycles_per_s / 2), 2 * _cycles_per_s)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = int(min(seconds, MAX_HOLD_S) * _cycles_per_s)
     start.record()
-    sleep(int(min(seconds, MAX_HOLD_S) * _cycles_per_s))
+    sleep(cycles)
     end.record()
-    return _Hold(start, end)
+    _last_hold = _Hold(start, end, cycles)
+    return _last_hold
 
 
 def _l2_flush_bytes() -> int:

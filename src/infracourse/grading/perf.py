@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from infracourse import bench
-from infracourse.bench import HOLD_FACTOR, HOLD_S, MAX_HOLD_S, MAX_HOST_S, clocked_batch  # noqa: F401 (one rule)
+from infracourse.bench import BATCH_CALLS, HOLD_FACTOR, HOLD_S, MAX_HOLD_S, MAX_HOST_S, clocked_batch  # noqa: F401 (one rule)
 from infracourse.guard import LabCheckFailed, require_possible
 
 
@@ -46,7 +46,6 @@ def require_genuine_timing() -> None:
 
 
 MAX_RTT_CREDIT_S = 300e-6  # at most this much of the channel's round trip is taken off the judge's clock
-BATCH_CALLS = 48
 
 
 def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], None],
@@ -109,8 +108,9 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         credit = min(max(ran["hold_s"], 0.0), 1.1 * hold + 50e-6)
         wall_per_call = max(wall - credit - min(rtt, MAX_RTT_CREDIT_S), 0.0) / calls
         # a batch the host enqueued slower than the device was held ran at the host's pace: once more, held longer
-        # (what the worker reports sets only the hold, whose credit stays capped by what the judge asked for)
-        hold = bench.rehold(hold, ran["enqueue_s"]) if worker.gpu else None
+        # (what the worker reports sets only the next hold, at least twice this one, whose credit stays capped by
+        # what the judge asked for)
+        hold = bench.rehold(hold, ran["enqueue_s"], ran["hold_s"]) if worker.gpu else None
     draw = random.SystemRandom()  # which outputs are checked is decided only now, after the batch ran
     picks = sorted({calls - 1, draw.randrange(calls), draw.randrange(calls)})
     picked = worker.request("time_outputs", indices=picks)  # after the clock: the launch records are read here
@@ -123,7 +123,7 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         _require_kernels(label, prepare.record, picked.record)
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
-                        wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu")
+                        wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu", wall_calls=calls)
 
 
 def _require_kernels(label: str, *records: dict) -> None:
