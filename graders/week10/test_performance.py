@@ -49,10 +49,19 @@ def _forward_figures(rows, cols, dtype, moved):
     return dict(label=f"rms_norm forward {rows}x{cols} {_name(dtype)}", bytes=moved, flops=4 * rows * cols)
 
 
+@pytest.fixture(scope="session")
+def forward_timings():
+    """The forward races of this grade: forward-bandwidth measures each shape and forward-vs-torch judges that
+    same measurement, once (a second try after a failure measures afresh). One race a shape, not two: the
+    checks agree with each other, and a GPU grade takes ~10 s less."""
+    return {}
+
+
 @pytest.mark.check("forward-bandwidth")
-def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check, seed):
+def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check, seed, forward_timings):
     for rows, cols, dtype in FORWARD_SHAPES:
-        yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
+        race = forward_timings[rows, cols, dtype] = _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
+        yours, torch_time, moved = race
         figures = lambda name, value, **kw: record(  # noqa: E731
             name, value, **_forward_figures(rows, cols, dtype, moved), seconds=yours.seconds,
             reference_seconds=torch_time.seconds, reference="torch.nn.functional.rms_norm", **kw)
@@ -62,9 +71,10 @@ def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check, seed):
 
 
 @pytest.mark.check("forward-vs-torch")
-def test_forward_vs_torch(rms, unfused, ceilings, record, lab_check, seed):
+def test_forward_vs_torch(rms, unfused, ceilings, record, lab_check, seed, forward_timings):
     for rows, cols, dtype in FORWARD_SHAPES:
-        yours, torch_time, moved = _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
+        race = forward_timings.pop((rows, cols, dtype), None)
+        yours, torch_time, moved = race or _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
         require_speedup(yours.seconds, torch_time.seconds, lab_check.threshold,
                         reference="torch.nn.functional.rms_norm",
                         what=f"rms_norm forward ({rows}, {cols}) {_name(dtype)} against F.rms_norm", record=record,

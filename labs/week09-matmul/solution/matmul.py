@@ -12,35 +12,33 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _configs():
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4})]
-    # Large tiles give each program many flops per byte it loads (tile_intensity below); 3-4 stages keep
-    # the next tiles' loads in flight while tensor cores work on the current ones. The small tiles serve
-    # skinny and small shapes, where large tiles leave most of the device idle.
-    return [
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=8),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=8),
-        triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=8),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=8),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=4),
-        triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=4),
-        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=4),
-        triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=5, num_warps=2),
-    ]
+# Large tiles give each program many flops per byte it loads (tile_intensity below); 3-4 stages keep the next
+# tiles' loads in flight while tensor cores work on the current ones.
+CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=4),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=5, num_warps=2),
+]
+# Small products, where large tiles leave most of the device idle, take the smallest tiles untuned: the
+# autotuner benchmarks every new (M, N, K) (~0.1-1 s each), which buys nothing for a product of microseconds.
+# The interpreter cannot autotune and gets small tiles too (32x32, GROUP_M 4: fewer interpreted programs).
+SMALL = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4) if INTERPRET else \
+    dict(CONFIGS[-1].kwargs, num_stages=CONFIGS[-1].num_stages, num_warps=CONFIGS[-1].num_warps)
+SMALL_PRODUCT = 256 * 256  # elements of C
 
 
-def _prune(configs, named_args, **kwargs):
-    """Small products are not worth tuning (nor compiling eight variants for): the smallest tiles serve them.
-    Otherwise keep the tiles that fit C: a tile much larger than C only computes padding."""
+def _fitting(configs, named_args, **kwargs):
+    """The tiles that fit C: a tile much larger than C only computes padding."""
     M, N = named_args["M"], named_args["N"]
-    if M * N < 256 * 256:
-        return configs[-1:]
     fit = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * M and c.kwargs["BLOCK_N"] <= 2 * N]
     return fit or configs[-1:]
 
 
-@triton.autotune(configs=_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -83,6 +81,11 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+# PRECISION is part of the key: an fp32 tile that fits in shared memory as ieee may not as tf32
+_tuned_kernel = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"],
+                                prune_configs_by={"early_config_prune": _fitting})(_matmul_kernel)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for 2-D fp32, fp16 or bf16 tensors of one dtype, any strides; the result has that dtype."""
     assert a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0], f"cannot multiply {a.shape} by {b.shape}"
@@ -96,8 +99,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # otherwise full fp32 ("ieee"). fp16 and bf16 tiles always go to tensor cores; the setting is theirs alone.
     exact_fp32 = a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    _matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
-                         c.stride(1), PRECISION="ieee" if exact_fp32 else "tf32", UPCAST=INTERPRET)
+    small = INTERPRET or M * N < SMALL_PRODUCT
+    kernel, tiles = (_matmul_kernel, SMALL) if small else (_tuned_kernel, {})
+    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                 PRECISION="ieee" if exact_fp32 else "tf32", UPCAST=INTERPRET, **tiles)
     return c
 
 

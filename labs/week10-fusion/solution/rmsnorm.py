@@ -17,16 +17,24 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_COLS = 32768  # one row must fit in one program's registers
 
 
-def _warps():
-    return [triton.Config({}, num_warps=4)] if INTERPRET else [triton.Config({}, num_warps=w) for w in (4, 8, 16)]
+TUNED_COLS = 2048  # rows longer than this pick their warps by autotuning; shorter ones use 4 warps untuned
+WARPS = [triton.Config({}, num_warps=w) for w in (4, 8, 16)]
 
 
-def _long_rows_only(configs, named_args, **kwargs):
-    """Rows of a few thousand elements or fewer are not worth tuning (nor compiling three variants for)."""
-    return configs if named_args["n_cols"] > 2048 else configs[:1]
+def _launcher(kernel):
+    """launch(grid, n_cols, *args): the kernel autotuned over WARPS for long rows on a GPU, else plain with 4
+    warps. The autotuner benchmarks every new key, even one a prune leaves a single configuration (~0.1-1 s
+    each), so short rows, with nothing to tune, skip it; the interpreter cannot tune at all."""
+    tuned = triton.autotune(configs=WARPS, key=["n_cols"])(kernel)
+
+    def launch(grid, n_cols, *args, **meta):
+        if n_cols > TUNED_COLS and not INTERPRET:
+            tuned[grid](*args, **meta)
+        else:
+            kernel[grid](*args, num_warps=4, **meta)
+    return launch
 
 
-@triton.autotune(configs=_warps(), key=["n_cols"], prune_configs_by={"early_config_prune": _long_rows_only})
 @triton.jit
 def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, stride_x, stride_y, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)  # one program per row: the row is loaded once and stays in registers
@@ -39,7 +47,6 @@ def _forward_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, stride_x, stride_y, e
     tl.store(y_ptr + row * stride_y + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(configs=_warps(), key=["n_cols"], prune_configs_by={"early_config_prune": _long_rows_only})
 @triton.jit
 def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols, rows_per_program,
                      stride_dy, stride_x, stride_dx, BLOCK: tl.constexpr):
@@ -62,6 +69,10 @@ def _backward_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_r
         tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * x_hat
     tl.store(dw_partial_ptr + pid * n_cols + cols, dw, mask=mask)
+
+
+_forward = _launcher(_forward_kernel)
+_backward = _launcher(_backward_kernel)
 
 
 @triton.jit
@@ -98,8 +109,8 @@ class RMSNormFunction(torch.autograd.Function):
         y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
         rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
         if x2.numel():
-            _forward_kernel[(x2.shape[0],)](x2, weight, y, rstd, n, x2.stride(0), y.stride(0), eps,
-                                            BLOCK=triton.next_power_of_2(n))
+            _forward((x2.shape[0],), n, x2, weight, y, rstd, n, x2.stride(0), y.stride(0), eps,
+                     BLOCK=triton.next_power_of_2(n))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = x.shape
         return y.view(x.shape)
@@ -114,8 +125,8 @@ class RMSNormFunction(torch.autograd.Function):
         programs = max(_programs(rows, x2.device), 1)
         partial = torch.empty((programs, n), dtype=torch.float32, device=x2.device)
         if rows:
-            _backward_kernel[(programs,)](dy2, x2, weight, rstd, dx, partial, rows, n, triton.cdiv(rows, programs),
-                                          dy2.stride(0), x2.stride(0), dx.stride(0), BLOCK=triton.next_power_of_2(n))
+            _backward((programs,), n, dy2, x2, weight, rstd, dx, partial, rows, n, triton.cdiv(rows, programs),
+                      dy2.stride(0), x2.stride(0), dx.stride(0), BLOCK=triton.next_power_of_2(n))
         else:
             partial.zero_()
         _column_sum_kernel[(triton.cdiv(n, 64),)](partial, dw, programs, n, BLOCK_ROWS=32, BLOCK_COLS=64)
