@@ -252,3 +252,73 @@ def test_the_worker_reports_how_long_the_host_took_to_enqueue_the_clocked_batch(
     finally:
         worker.close()
     assert ran["calls"] == 3 and 3 * 0.002 <= ran["enqueue_s"] < 1.0
+
+
+DOUBLE_WITH_A_THREADED_BACKWARD = '''
+import threading
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2.0, mask=mask)
+
+
+def _launch(x):
+    y = torch.empty_like(x)
+    _double[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+    return y
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _launch(x)
+
+    @staticmethod
+    def backward(ctx, dy):  # launched from another thread, as autograd launches a CUDA backward
+        out = []
+        thread = threading.Thread(target=lambda: out.append(_launch(dy.contiguous())))
+        thread.start()
+        thread.join()
+        return out[0]
+
+
+def double(x):
+    return Double.apply(x) if USE_KERNEL else x * 2
+'''
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_a_timed_forward_and_backward_counts_kernels_launched_from_any_thread(tmp_path, use_kernel):
+    """Week 10 times a norm's forward + backward (kit.probes.ForwardBackward) with require_kernel: the backward's
+    kernels, which autograd launches from its own thread on a GPU, count; torch computing the answer fails."""
+    import torch
+
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+    from infracourse.grading.protocol import WorkerObject
+    from infracourse.guard import LabCheckFailed
+
+    worker = _worker_with(tmp_path, f"USE_KERNEL = {use_kernel}\n" + DOUBLE_WITH_A_THREADED_BACKWARD)
+
+    def check(out, args):
+        x, dy = args
+        torch.testing.assert_close(out[0], 2 * x)
+        torch.testing.assert_close(out[1], 2 * dy)
+
+    try:
+        both = worker.build(WorkerObject("infracourse.kit.probes:ForwardBackward", (worker.module("mod").double,)))
+        spec = tensors([[1000], [1000]], device="cpu", seed=1)
+        if use_kernel:
+            perf.timed(both, spec, check=check, label="double", require_kernel=True, calls=4)
+        else:
+            with pytest.raises(LabCheckFailed, match="launched no Triton kernel"):
+                perf.timed(both, spec, check=check, label="double", require_kernel=True, calls=4)
+    finally:
+        worker.close()

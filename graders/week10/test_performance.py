@@ -109,8 +109,10 @@ def operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed):
 
     # forward reads x, weight and writes y; backward reads x, weight, dy and writes dx, dw
     moved = (5 * rows * cols + 3 * cols) * dtype.itemsize
+    # every timed call must run the learner's kernels on its inputs, the backward's too (guard counts the kernels
+    # autograd launches from its own thread)
     mine = timed(yours, spec, check=check, bytes_moved=moved, ceilings=ceilings,
-                 label=f"rms_norm forward + backward ({rows}, {cols}) {_name(dtype)}")
+                 label=f"rms_norm forward + backward ({rows}, {cols}) {_name(dtype)}", require_kernel=True)
     eager = reference_time(theirs, spec)
     return mine, eager, moved
 

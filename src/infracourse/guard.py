@@ -81,6 +81,9 @@ class WrongOutput(LabCheckFailed):
 
 
 _state = threading.local()
+# Records open in any thread: a kernel is attributed to them whichever thread launches it (autograd runs a CUDA
+# backward on its own device thread). The ops observers and the context stack stay per thread.
+_open_records: list = []
 
 
 ALLOCATION_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
@@ -224,8 +227,8 @@ def _install_triton_hooks() -> None:
         original = cls.run
 
         def run(self, *args, _original=original, _kind=kind, **kwargs):
-            records = getattr(_state, "records", None)
-            if not records:  # nothing watched (a timed call): no bookkeeping at all
+            records = _open_records
+            if not records:  # nothing watched: no bookkeeping at all
                 return _original(self, *args, **kwargs)
             if _kind == "kernel" and not kwargs.get("warmup", False):
                 values = list(args) + list(kwargs.values())
@@ -370,12 +373,10 @@ def watch_call(poison: bool = True, inputs: tuple = ()):
             return out
 
     profiler = _start_profiler()
-    _state.records = getattr(_state, "records", []) + [record]
     try:
-        with _Recorder():
+        with _open(record), _Recorder():
             yield record
     finally:
-        _state.records = [r for r in _state.records if r is not record]
         record.profiled = _stop_profiler(profiler)
 
 
@@ -385,11 +386,21 @@ def record_launches():
     enough for timed calls, where a dispatch mode or profiler would change the time."""
     record = CallRecord(follow_copies=True)
     _install_triton_hooks()
+    with _open(record):
+        yield record
+
+
+@contextmanager
+def _open(record: CallRecord):
+    """`record` sees the kernels launched from here on, on any thread, and this thread's grader marks."""
+    global _open_records
     _state.records = getattr(_state, "records", []) + [record]
+    _open_records = _open_records + [record]  # replaced, never mutated: a launching thread iterates a snapshot
     try:
         yield record
     finally:
         _state.records = [r for r in _state.records if r is not record]
+        _open_records = [r for r in _open_records if r is not record]
 
 
 def snapshot_inputs(args: tuple) -> list:
