@@ -161,6 +161,15 @@ def test_the_garbage_collector_is_paused_for_the_timed_calls_in_process_and_in_t
     worker = _worker_with(tmp_path, "import gc\nseen = []\n"
                                     "def add(x, y):\n    seen.append(gc.isenabled())\n    return x + y\n"
                                     "def states():\n    return [int(s) for s in seen] + [int(gc.isenabled())]\n")
+    judged = []
+    request = worker.request
+
+    def judge_side(op, *args, **kwargs):
+        if op == "time_run":
+            judged.append(gc.isenabled())
+        return request(op, *args, **kwargs)
+
+    worker.request = judge_side
     try:
         module = worker.module("mod")
         perf.timed(module.add, tensors([[64], [64]], device="cpu", seed=1), check=lambda out, args: None,
@@ -170,6 +179,7 @@ def test_the_garbage_collector_is_paused_for_the_timed_calls_in_process_and_in_t
         worker.close()
     *calls, after = states
     assert calls[-4:] == [0] * 4 and after == 1  # the judge's clocked batch ran with collections paused
+    assert judged == [False] and gc.isenabled()  # and so did the judge while its clock ran
 
 
 def test_a_batch_that_outran_its_hold_is_clocked_once_more_with_a_hold_that_covers_its_launches():
