@@ -1,5 +1,6 @@
 """Week 9: a tiled matrix multiply in Triton, and the roofline arithmetic that says how fast it can go
 (reference solution)."""
+import functools
 import os
 
 import torch
@@ -33,10 +34,22 @@ SMALL_PRODUCT = 256 * 256  # elements of C
 
 
 def _fitting(configs, named_args, **kwargs):
-    """The tiles that fit C: a tile much larger than C only computes padding."""
-    M, N = named_args["M"], named_args["N"]
-    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= 2 * M and c.kwargs["BLOCK_N"] <= 2 * N]
-    return fit or configs[-1:]
+    """The tiles that fit C (a tile much larger than C only computes padding) and the device's shared memory
+    (each pipeline stage holds a BLOCK_M x BLOCK_K tile of A and a BLOCK_K x BLOCK_N tile of B: a config that
+    needs more fails to launch, and compiling it only to find that out costs a second or two)."""
+    M, N, a = named_args["M"], named_args["N"], named_args["a_ptr"]
+    limit = _shared_memory(a.device.index if a.device.index is not None else torch.cuda.current_device())
+
+    def fits(config):
+        tiles, stages = config.kwargs, config.num_stages
+        staged = (tiles["BLOCK_M"] + tiles["BLOCK_N"]) * tiles["BLOCK_K"] * a.element_size() * stages
+        return tiles["BLOCK_M"] <= 2 * M and tiles["BLOCK_N"] <= 2 * N and staged <= limit
+    return [c for c in configs if fits(c)] or configs[-1:]
+
+
+@functools.cache
+def _shared_memory(device: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(device)["max_shared_mem"]
 
 
 @triton.jit
