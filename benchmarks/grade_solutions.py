@@ -3,6 +3,8 @@
     python benchmarks/grade_solutions.py [week07 week08 ...] [--out results.json]
     python benchmarks/grade_solutions.py week09 --with matmul.py=tests/fixtures/honest/week09/split_k_atomic.py
     python benchmarks/grade_solutions.py week10 --repeat 10      # consecutive grades: does it always complete?
+    python benchmarks/grade_solutions.py week09 --timeline       # every check's start and learner call, timed:
+                                                                 # where a slow grade spends its time
     python benchmarks/grade_solutions.py week17 --run "python bench.py"   # run the lab's own bench first and
                                                                  # put the figures block it prints in the report
     python benchmarks/grade_solutions.py week12 --refresh-report # as a learner on this machine would: grade,
@@ -39,6 +41,8 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="compile every grade afresh (no compile cache kept "
                         "between a lab's grades, as an instructor's regrade does); by default a lab's grades share "
                         "one, as `infracourse grade` keeps one per week in the workspace")
+    parser.add_argument("--timeline", action="store_true", help="print each check's start and result and each "
+                        "learner call, with the seconds since the grade began and since the event before")
     parser.add_argument("--refresh-report", action="store_true",
                         help="when the report's figures (written on another machine) disagree with this machine's, "
                              "write this grade's measurements into the figures block and grade once more")
@@ -63,13 +67,14 @@ def main() -> None:
             if lab.spec.report:
                 stamp_environment(folder / lab.spec.report, hw)
             cache = None if args.cold else Path(tmp) / "cache" / lab.spec.week
-            result = grade(course, lab, folder, hardware=hw, compile_cache=cache)
+            on_event = Timeline() if args.timeline else None
+            result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event)
             checks = {c.id: c for c in result.checks}
             if args.refresh_report and "report" in checks and checks["report"].status == "failed" \
                     and refresh_figures(folder / lab.spec.report, lab.spec.report, checks):
                 print(f"\n(first grade of {result.week}: report failed: {checks['report'].message[:300]}; its figures "
                       f"block now holds this grade's measurements, graded again)")
-                result = grade(course, lab, folder, hardware=hw, compile_cache=cache)
+                result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event)
             results.append(result.as_dict())
             label = " + ".join(args.overlays) or "reference"
             print(f"\n### {result.week} ({label}, grade {attempt + 1}/{args.repeat}): "
@@ -83,6 +88,22 @@ def main() -> None:
                 print(f"| {c.id} | {c.status} | {c.seconds:.1f} | {figures} | {message} |")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
+
+
+class Timeline:
+    """Prints each grading event with the seconds since the grade began and since the event before it."""
+
+    def __init__(self):
+        import time
+
+        self.clock = time.perf_counter
+        self.began = self.last = self.clock()
+
+    def __call__(self, event: dict) -> None:
+        now = self.clock()
+        what = " ".join(str(event.get(k, "")) for k in ("check", "target", "inputs", "status")).strip()
+        print(f"{now - self.began:8.2f} s  +{now - self.last:6.2f}  {event['event']:8s} {what}", flush=True)
+        self.last = now
 
 
 def run_lab_command(command: str, folder: Path, report, hw) -> None:

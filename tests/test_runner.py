@@ -203,6 +203,9 @@ def test_blocked_is_decided_by_the_runner_from_its_hardware(tmp_path, cpu):
     grade(Course(FIXTURE), "week01", folder, hardware=cpu, on_event=events.append)
     assert {"event": "result", "check": "on-gpu", "status": "blocked"} == events[0]
     assert not any(e.get("check") == "on-gpu" and e["event"] == "start" for e in events)
+    calls = [e for e in events if e["event"] == "calling"]  # each learner call a running check made, as it came
+    assert calls and all(e["check"] in {s["check"] for s in events if s["event"] == "start"} for e in calls)
+    assert all(isinstance(e["target"], str) and e["target"] for e in calls)
 
 
 PARSE_CHECKS = ("  - {id: answers, title: \"answers\", threshold: 2.0}\n"

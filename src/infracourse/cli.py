@@ -311,6 +311,9 @@ def _grade(ws, course, week, quiet: bool = False):
         def on_event(event: dict) -> None:
             if event["event"] == "start":
                 bar.update(task, description=escape(f"{week.id}: {event['check']}"))
+            elif event["event"] == "calling":  # where a slow check spends its time: which call, on what
+                bar.update(task, description=escape(f"{week.id}: {event['check']}: {event['target']}"
+                                                     f"({event.get('inputs', '')})"))
             else:
                 bar.advance(task)
 

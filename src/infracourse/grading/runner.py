@@ -61,7 +61,9 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
           on_event: EventHandler | None = None, timeout_scale: float = 1.0,
           compile_cache: Path | None = None) -> GradeResult:
     """Grade the learner files in `files_dir` for one week (a week reference, or a LabDir the caller has
-    already loaded: then lab.yaml is not read again). Never raises for learner faults. `compile_cache`: a
+    already loaded: then lab.yaml is not read again). Never raises for learner faults. `on_event` is told each
+    check's start and result, and each learner call a running check makes ({"event": "calling", "check",
+    "target", "inputs"}), as they happen. `compile_cache`: a
     folder where the learner's Triton kernels stay compiled between grades (a GPU grade of week 9 spends
     most of a cold grade compiling); without it every grade compiles afresh."""
     lab = week_ref if isinstance(week_ref, LabDir) else course.lab(week_ref)
@@ -238,6 +240,8 @@ def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict,
             calling[check.id] = event
             if interpreted:  # each call gets its own limit there (call_limit)
                 running = (check.id, time.monotonic())
+            if on_event:  # what the running check is calling now (a progress display; a grade's timeline)
+                on_event(event)
         return running
     if event["event"] == "start":
         started.add(check.id)
