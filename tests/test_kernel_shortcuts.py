@@ -43,14 +43,14 @@ CAUSES = {
     "week08 last row never launched": ("week08", "masks", "softmax.py", replace_once(
         "grid = (rows.shape[0],)", "grid = (max(rows.shape[0] - 1, 1),)"), "never written"),
     "week10 last row never launched": ("week10", "masks", "rmsnorm.py", replace_once(
-        "_forward_kernel[(x2.shape[0],)]", "_forward_kernel[(max(x2.shape[0] - 1, 1),)]"), "never written"),
+        "_forward((x2.shape[0],)", "_forward((max(x2.shape[0] - 1, 1),)"), "never written"),
     # rows from the third on read rows 0 and 1: whole rows wrong, the rest right (not precision)
     "week08 rows loaded from the wrong place": ("week08", "correct", "softmax.py", replace_once(
         "x = tl.load(x_ptr + row * x_row_stride + cols", "x = tl.load(x_ptr + (row % 2) * x_row_stride + cols"),
         "while the rest of the output is right"),
     # bf16 tiles given to tl.dot under the interpreter: its fault, named as such, with what to do
     "week09 bf16 tiles not upcast in the interpreter": ("week09", "correct", "matmul.py", replace_once(
-        "UPCAST=INTERPRET)", "UPCAST=False)"), "interpreter-only fault"),
+        "UPCAST=INTERPRET, **tiles)", "UPCAST=False, **tiles)"), "interpreter-only fault"),
 }
 
 
