@@ -293,7 +293,7 @@ class Double(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # launched from another thread, as autograd launches a CUDA backward
         out = []
-        thread = threading.Thread(target=lambda: out.append(_launch(dy.contiguous())))
+        thread = threading.Thread(target=lambda: out.append(_launch(dy.clone())))  # a copy made off the watched thread
         thread.start()
         thread.join()
         return out[0]

@@ -302,12 +302,15 @@ def _is_tensor(value) -> bool:
 
 
 def derive_by_value(record: CallRecord, inputs: list) -> None:
-    """Fill `record.derived` for a call watched by launches only (no dispatch record of its copies): an input's
-    own storage, and any tensor a kernel was given that holds an input's values — the wrapper's .contiguous(),
-    .float() or transposed copy. A result computed another way holds no input's values and derives from none."""
+    """Add to `record.derived` what no dispatch record saw (a call watched by launches only, or copies made on
+    another thread than the watch's, as autograd's CUDA backward makes them): an input's own storage, and any
+    tensor a kernel was given that holds an input's values — the wrapper's .contiguous(), .float() or
+    transposed copy. A result computed another way holds no input's values and derives from none."""
     import torch
 
-    record.derived = {ptr: {i} for i, a in enumerate(inputs) for ptr in _tensor_storages([a])}
+    for i, a in enumerate(inputs):
+        for ptr in _tensor_storages([a]):
+            record.derived.setdefault(ptr, set()).add(i)
     for t in record.kernel_tensors:
         ptr = t.untyped_storage().data_ptr() if t.numel() else None
         if ptr is None or ptr in record.derived:
@@ -336,17 +339,18 @@ def _tensor_storages(values: list) -> set:
 
 
 @contextmanager
-def watch_call(poison: bool = True, inputs: tuple = ()):
+def watch_call(poison: bool = True, inputs: tuple = (), follow_copies: bool = False):
     """Record aten ops and Triton launches made inside the block: `with watch_call() as rec: f(x)`.
 
     With `poison`, floating-point tensors allocated inside the block start as NaN (an element the kernel
     never writes stays NaN) and are fenced by canaries (a store past the end changes one). `rec.profiled` is
-    filled when the block ends. Watches do not nest (one profiler at a time).
+    filled when the block ends. Watches do not nest (one profiler at a time). With `follow_copies` the
+    tensors given to kernels are kept, for `derive_by_value`.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _install_triton_hooks()
-    record = CallRecord()
+    record = CallRecord(follow_copies=follow_copies)
     for position, value in enumerate(inputs):  # data flow starts at the inputs' storages
         for ptr in _tensor_storages([value]):
             record.derived.setdefault(ptr, set()).add(position)

@@ -197,7 +197,7 @@ class Worker:
         import torch
 
         from infracourse import bench
-        from infracourse.guard import record_launches, watch_call
+        from infracourse.guard import derive_by_value, record_launches, watch_call
 
         fn = self.objects[header["target"]]
         make_args = decoder.decode(header["make_args"])
@@ -213,8 +213,10 @@ class Worker:
         batch = [first] + [make_args(i) for i in range(1, calls)]
         observed = []
         for args in batch:  # untimed pass, every call watched: the allocator also settles before the clock runs
-            with watch_call(poison=False, inputs=args) as rec:
+            with watch_call(poison=False, inputs=args, follow_copies=True) as rec:
                 out = fn(*args)
+            derive_by_value(rec, list(args))  # copies the dispatch record missed (made on autograd's thread)
+            rec.kernel_tensors.clear()
             rec.trace_data_flow(list(args), out)
             observed.append(rec)
         host_s = 0.0
