@@ -30,7 +30,6 @@ MAX_HOLD_S = 0.2       # ... and at most this long: a call the host takes ~0.7 m
 MAX_HOST_S = 25e-3     # a host launch time is taken as at most this per call
 HOLD_FACTOR = 4        # the hold covers this many times the host's launch time of the batch: the figure is a
                        # quiet call's, and a 512^3 matmul still read as 'escaped' at 2x on the H200
-BATCH_CALLS = 48       # calls in a batch clocked by the device-wide clock, where memory allows
 ESCAPE_SLACK_S = 20e-6   # a call's device-wide time may exceed twice its events' time by this much ...
 BATCH_FIXED_S = 1.5e-3   # ... or by this over the batch: what a clocked batch costs besides its calls (waking
                          # the worker, launching the hold, the reply) measured 0.6-1.4 ms on the H200
@@ -241,8 +240,9 @@ def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
                 del out
             enqueued = time.perf_counter() - t0
             torch.cuda.synchronize()
-            wall = (time.perf_counter() - t0 - held.seconds()) / calls
-        hold = rehold(hold, enqueued, held.seconds())
+            held_s = held.seconds()
+            wall = (time.perf_counter() - t0 - held_s) / calls
+        hold = rehold(hold, enqueued, held_s)
     if check is not None:
         _verify(check, kept, batch[pick], snapshot)
     return wall, calls
@@ -294,8 +294,9 @@ def _hold_device(seconds: float) -> _Hold:
     if _cycles_per_s is None:
         _cycles_per_s = _spin_rate(sleep)
     last = _last_hold
-    if last is not None and last.end.query() and last.seconds() >= 100e-6:
-        rate = last.cycles / last.seconds()  # within 2x: a host stall between a start event and its spin is no rate
+    spun = last.seconds() if last is not None and last.end.query() else 0.0
+    if spun >= 100e-6:
+        rate = last.cycles / spun  # within 2x: a host stall between a start event and its spin is no rate
         _cycles_per_s = min(max(rate, _cycles_per_s / 2), 2 * _cycles_per_s)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles = int(min(seconds, MAX_HOLD_S) * _cycles_per_s)
