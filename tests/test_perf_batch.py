@@ -332,3 +332,38 @@ def test_a_timed_forward_and_backward_counts_kernels_launched_from_any_thread(tm
                 perf.timed(both, spec, check=check, label="double", require_kernel=True, calls=4)
     finally:
         worker.close()
+
+
+def test_a_batchs_own_costs_are_the_quicker_of_two_empty_batches_and_capped():
+    from infracourse import bench
+
+    empty = iter([1.2e-3, 0.9e-3])
+    assert bench.batch_overhead(50e-3, lambda hold: next(empty)) == pytest.approx(0.9e-3)
+    # an untrusted worker whose empty batches are slow buys no more than the cap off the judge's clock
+    assert bench.batch_overhead(50e-3, lambda hold: 0.5) == bench.MAX_OVERHEAD_CREDIT_S
+
+
+def test_the_judges_clock_of_a_batch_leaves_out_what_an_empty_batch_costs(tmp_path):
+    """A fixed cost of every clocked request (the channel, waking each side: ~1 ms on the H200) would otherwise
+    land on the calls: 50 us a call over a batch of 20, more than a small kernel takes."""
+    import time
+
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+
+    worker = _worker_with(tmp_path, "import time\ndef slow(x):\n    time.sleep(0.003)\n    return x * 2\n")
+    request = worker.request
+
+    def with_fixed_cost(op, *args, **kwargs):
+        if op in ("time_idle", "time_run"):
+            time.sleep(1.5e-3)  # the same cost for an empty batch and a full one
+        return request(op, *args, **kwargs)
+
+    worker.request = with_fixed_cost
+    try:
+        timing = perf.timed(worker.module("mod").slow, tensors([[8]], device="cpu", seed=0),
+                            check=lambda out, args: None, label="slow", calls=4)
+    finally:
+        worker.close()
+    # 1.5 ms over 4 calls would add 375 us a call; what is left is the jitter of sleeping
+    assert 3e-3 <= timing.wall_per_call_s < timing.median_s + 200e-6

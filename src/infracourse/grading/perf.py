@@ -4,8 +4,9 @@ ceiling (or a library's time, measured here in the judge, which learner code nev
 
 The worker times its calls with CUDA events (bench.measure), which learner code in the worker could fake.
 So the judge also times a batch of calls with its own clock, from the request to the answer that follows
-the worker's device-wide synchronise, checks outputs of that batch picked after it ran, and grades the
-larger of the two times, never below the physics floor of this device.
+the worker's device-wide synchronise, less what an empty batch costs the same way (bench.batch_overhead),
+checks outputs of that batch picked after it ran, and grades the larger of the two times, never below the
+physics floor of this device.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def _timing_primitives() -> dict[str, Any]:
     return {
         "time.perf_counter": time.perf_counter, "statistics.median": statistics.median,
         "bench.measure": bench.measure, "bench._wall_per_call": bench._wall_per_call, "bench._verify": bench._verify,
+        "bench.batch_overhead": bench.batch_overhead,
         "bench.Timing.seconds": bench.Timing.__dict__["seconds"],
         "bench.Timing.escaped": bench.Timing.__dict__["escaped"],
         "torch.cuda.is_available": torch.cuda.is_available, "torch.cuda.synchronize": torch.cuda.synchronize,
@@ -46,7 +48,6 @@ def require_genuine_timing() -> None:
                              "or the harness that times it. Remove that; timings are only taken with the originals.")
 
 
-MAX_RTT_CREDIT_S = 300e-6  # at most this much of the channel's round trip is taken off the judge's clock
 BATCH_CALLS = 48
 
 
@@ -96,21 +97,20 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     calls = int(stats["calls"])
     if not 2 <= calls <= asked:
         raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
-    rtt = min(_round_trip(worker) for _ in range(5))
     # the clocked calls are enqueued while the device waits (as bench.measure does in one process): a call the
     # host takes longer to launch than the device to run is timed by the device, not by Python's launch overhead
     calls, hold = clocked_batch(calls, stats["host_s"])
     while hold is not None:
         gc.collect()  # the judge's own collections stay out of its clock, as the worker's do (bench.gc_paused)
         with bench.gc_paused():
+            fixed = _batch_overhead(worker, hold, label)
             t0 = time.perf_counter()
             run = worker.request("time_run", hold_s=hold, calls=calls)
             wall = time.perf_counter() - t0
         ran = _numbers(run.value, ("calls", "hold_s", "enqueue_s"), label)
         if ran["calls"] != calls:
             raise LabCheckFailed(f"{label}: the timing worker ran another number of calls than the {calls} asked for")
-        credit = min(max(ran["hold_s"], 0.0), 1.1 * hold + 50e-6)
-        wall_per_call = max(wall - credit - min(rtt, MAX_RTT_CREDIT_S), 0.0) / calls
+        wall_per_call = max(wall - _hold_credit(ran, hold) - fixed, 0.0) / calls
         # a batch the host enqueued slower than the device was held ran at the host's pace: once more, held longer
         # (what the worker reports sets only the next hold, at least twice this one, whose credit stays capped by
         # what the judge asked for)
@@ -145,10 +145,20 @@ def _require_kernels(label: str, *records: dict) -> None:
                     "place of your kernel.")
 
 
-def _round_trip(worker) -> float:
-    t0 = time.perf_counter()
-    worker.request("ping")
-    return time.perf_counter() - t0
+def _hold_credit(ran: dict, hold: float) -> float:
+    """The hold a worker reports it waited, taken off the judge's clock up to a little over what was asked."""
+    return min(max(ran["hold_s"], 0.0), 1.1 * hold + 50e-6)
+
+
+def _batch_overhead(worker, hold: float, label: str) -> float:
+    """bench.batch_overhead through the worker: its empty batch (time_idle) clocked as time_run is."""
+    def empty_batch(hold_s: float) -> float:
+        t0 = time.perf_counter()
+        idle = worker.request("time_idle", hold_s=hold_s)
+        wall = time.perf_counter() - t0
+        return max(wall - _hold_credit(_numbers(idle.value, ("hold_s",), label), hold_s), 0.0)
+
+    return bench.batch_overhead(hold, empty_batch)
 
 
 def _numbers(reply: Any, keys: tuple[str, ...], label: str) -> dict[str, float]:

@@ -44,7 +44,7 @@ FATAL_EXIT = 87  # a judge exiting with this code says "the device is unusable h
 MAX_MESSAGE_BYTES = 2 * 2**30       # a larger message from a worker is refused, not read
 MAX_HEADER_BYTES = 64 * 2**20
 MAX_DEPTH = 64
-WORKER_OPS = ("import", "getattr", "call", "build", "time_prepare", "time_run", "time_outputs", "backward", "release",
+WORKER_OPS = ("import", "getattr", "call", "build", "time_prepare", "time_run", "time_idle", "time_outputs", "backward", "release",
               "ping")
 EVENT_KINDS = ("start", "calling", "result")
 STATUSES = ("passed", "failed", "error", "blocked")

@@ -131,6 +131,8 @@ class Worker:
             return self.time_prepare(header, decoder), {}
         if op == "time_run":
             return self.time_run(header), {}
+        if op == "time_idle":
+            return self.time_idle(header), {}
         if op == "time_outputs":
             return self.time_outputs(header)
         raise ProtocolError(f"unknown op {op!r}")
@@ -266,6 +268,22 @@ class Worker:
         # the judge's clock stops when this reply arrives: the launch records are read in time_outputs
         self.batch.update(outputs=outputs, launches=launches)
         return {"value": {"hold_s": held.seconds(), "calls": len(batch), "enqueue_s": enqueued}}
+
+    def time_idle(self, header: dict) -> dict:
+        """A clocked batch of no calls: the hold and the synchronise alone, so the judge can measure what its
+        clock of a batch costs besides the calls (the channel, waking each side, the hold's launch)."""
+        import torch
+
+        from infracourse import bench
+
+        on_gpu = torch.cuda.is_available()
+        with bench.gc_paused():
+            held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
+            t0 = time.perf_counter()
+            enqueued = time.perf_counter() - t0
+            if on_gpu:
+                torch.cuda.synchronize()
+        return {"value": {"hold_s": held.seconds(), "calls": 0, "enqueue_s": enqueued}}
 
     def time_outputs(self, header: dict) -> tuple[dict, dict]:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
