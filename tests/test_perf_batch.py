@@ -109,6 +109,11 @@ def _copy(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
      "    out = torch.empty_like(a)\n"
      "    _add[(triton.cdiv(a.numel(), 64),)](a, b, out, a.numel(), BLOCK=64)\n"
      "    return out\n", True),
+    # honest: the kernel writes a wider buffer, returned cast to the inputs' dtype (a copy no kernel was given, as
+    # week 10's dw accumulated in fp32 and returned .to(bf16), which autograd's CUDA thread makes unseen)
+    ("    wide = torch.empty(x.shape, dtype=torch.float64)\n"
+     "    _add[(triton.cdiv(x.numel(), 64),)](x, y, wide, x.numel(), BLOCK=64)\n"
+     "    return wide.to(x.dtype)\n", True),
     # not: torch computes the answer, the kernel only copies it into the output
     ("    s = x + y\n"
      "    out = torch.empty_like(s)\n"

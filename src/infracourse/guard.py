@@ -133,8 +133,15 @@ class CallRecord:
         """Which inputs reached a kernel (directly, as a view, or through copies made in the call) and whether
         the output's storage was given to a kernel: host work followed by a copy kernel fails both."""
         self.inputs_read = sorted({position for ptr in self.kernel_buffers for position in self.derived.get(ptr, ())})
-        storages = _tensor_storages(list(output) if isinstance(output, (tuple, list)) else [output])
-        self.output_written = bool(storages) and storages <= self.kernel_buffers
+        outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+        storages = _tensor_storages(outputs)
+        unwritten = storages - self.kernel_buffers
+        for out in outputs:  # a copy of what a kernel wrote (dw accumulated in fp32, returned as .to(bf16)), made
+            if _is_tensor(out) and out.numel() and out.untyped_storage().data_ptr() in unwritten and any(
+                    t.numel() == out.numel() and t.device == out.device and _holds_values(t, out)
+                    for t in self.kernel_tensors):  # where no dispatch record sees it (autograd's CUDA thread)
+                unwritten.discard(out.untyped_storage().data_ptr())
+        self.output_written = bool(storages) and not unwritten
 
     def compute_ops(self, allowed: frozenset[str] = frozenset()) -> list[str]:
         """Ops seen by either observer that compute (see `op_effect`), less those `allowed` by the check."""

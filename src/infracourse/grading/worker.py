@@ -218,8 +218,8 @@ class Worker:
             with watch_call(poison=False, inputs=args, follow_copies=True) as rec:
                 out = fn(*args)
             derive_by_value(rec, list(args))  # copies the dispatch record missed (made on autograd's thread)
-            rec.kernel_tensors.clear()
             rec.trace_data_flow(list(args), out)
+            rec.kernel_tensors.clear()
             observed.append(rec)
         host_s = 0.0
         if on_gpu:  # the host's time to enqueue one call as time_run makes it (its launches recorded): the judge
