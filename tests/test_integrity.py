@@ -474,3 +474,71 @@ def test_allocations_and_views_in_an_honest_kernel_are_not_compute():
     with watch_call() as record:
         x + x, torch.softmax(x, -1), x @ x.mT
     assert {"add", "_softmax", "mm"} <= set(record.compute_ops())
+
+
+def _autotuned_add(pre_hook=None, reps=200):
+    """An add autotuned over two tile sizes, with a do_bench that launches each configuration `reps` times after
+    an L2-flush-like zero_ (as Triton's does), so it runs under the interpreter."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+        import triton.language as tl
+
+        flush = torch.empty(64)
+
+        def do_bench(kernel_call, quantiles=None):
+            for _ in range(reps):
+                flush.zero_()
+                kernel_call()
+            return [1.0, 1.0, 1.0]
+
+        configs = [triton.Config({"BLOCK": 16}, pre_hook=pre_hook), triton.Config({"BLOCK": 32}, pre_hook=pre_hook)]
+
+        @triton.autotune(configs=configs, key=["n"], do_bench=do_bench)
+        @triton.jit
+        def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+    def add(x, y):
+        out = torch.empty_like(x)
+        add_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, y, out, x.numel())
+        return out
+    return add
+
+
+def test_the_autotuners_benchmarking_is_not_the_learners_call_but_the_chosen_launch_is():
+    """Triton benchmarks each configuration thousands of times inside a watched call (week 9's first call of a
+    shape): those launches and their L2 flushes are Triton's, and recording them cost ~1.3 s a configuration
+    on the H200. The launch of the chosen configuration is the learner's."""
+    from infracourse.guard import watch_call
+
+    add = _autotuned_add(reps=200)
+    x, y = torch.randn(100), torch.randn(100)
+    with watch_call(poison=False, inputs=(x, y)) as record:
+        out = add(x, y)
+    record.trace_data_flow([x, y], out)
+    torch.testing.assert_close(out, x + y)
+    assert record.kernels == ["add_kernel"]  # one launch recorded, not 2 x 200 benchmark launches
+    assert "zero_" not in record.ops and "zero_" not in record.profiled  # the flushes are not the learner's
+    assert record.inputs_read == [0, 1] and record.output_written
+
+
+def test_torch_compute_in_an_autotune_pre_hook_is_seen():
+    """A configuration's pre-hook runs before every launch of the chosen configuration, in the learner's call:
+    computing the answer there with torch is recorded like anywhere else."""
+    smuggled = {}
+
+    def pre_hook(nargs):
+        smuggled["sum"] = torch.add(nargs["x_ptr"], nargs["y_ptr"])
+
+    add = _autotuned_add(pre_hook=pre_hook, reps=3)
+    with pytest.raises(LabCheckFailed, match="add"):
+        run_watched(add, torch.randn(100), torch.randn(100), name="add", replaces="torch.add")
