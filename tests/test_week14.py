@@ -169,6 +169,18 @@ def test_dense_moe_accounts_for_every_assignment():
     assert dense_moe(moe_weights(3), 2, 20)["dropped"] == [0, 0]
 
 
+def test_the_graders_capacity_makes_every_rank_drop_whatever_the_seed():
+    """With a fixed capacity (4 + seed % 3) 17 of 300 seeds dropped nothing, and a moe_layer that reported 0
+    drops passed them (the full suite caught it once under xdist)."""
+    from infracourse.kit.parallel_reference import dense_moe, moe_weights, overflowing_capacity
+
+    for seed in range(200):
+        weights = moe_weights(seed)
+        capacity = overflowing_capacity(weights, 2)
+        dropped = dense_moe(weights, 2, capacity)["dropped"]
+        assert capacity >= 4 and min(dropped) >= 1, (seed, capacity, dropped)
+
+
 @pytest.mark.slow
 @pytest.mark.variant
 def test_a_restarted_rank_that_aborts_fails_after_a_second_run(grade_lab):

@@ -20,6 +20,7 @@ import pytest
 
 from infracourse.grading.torchrun import RanksRun, collect, run_ranks, start_ranks, rank_processes
 from infracourse.guard import LabCheckFailed
+from infracourse.kit.parallel_reference import moe_weights, overflowing_capacity
 
 WORLD = 2
 MICROBATCHES, TOP_K = 4, 2
@@ -31,7 +32,8 @@ class World:
 
     def __init__(self, learner_dir: Path, seed: int, scratch: Path, device: str = "cpu"):
         self.seed = seed
-        self.capacity = 4 + seed % 3  # 20 assignments per rank over 4 experts: some experts overflow
+        # 20 assignments per rank over 4 experts: the capacity makes every rank drop at least one, whatever the seed
+        self.capacity = overflowing_capacity(moe_weights(seed), TOP_K)
         self.run = run_ranks("infracourse.kit.parallel_reference", "grade_rank", learner_dir=learner_dir,
                              world_size=WORLD, kwargs={"seed": seed, "microbatches": MICROBATCHES, "top_k": TOP_K,
                                                        "capacity": self.capacity},

@@ -149,6 +149,18 @@ def moe_route(x: torch.Tensor, router: torch.Tensor, top_k: int):
     return expert, gate / gate.sum(-1, keepdim=True)
 
 
+def overflowing_capacity(weights: dict, top_k: int) -> int:
+    """A per-expert capacity under which every rank drops at least one assignment: one below the smallest, over
+    ranks, of a rank's busiest expert's count. A fixed capacity let some seeds drop nothing, and a layer that
+    never counted its drops passed them."""
+    world, experts = weights["x"].shape[0], weights["router"].shape[1]
+    busiest = []
+    for rank in range(world):
+        expert, _ = moe_route(weights["x"][rank], weights["router"], top_k)
+        busiest.append(int(torch.bincount(expert.reshape(-1), minlength=experts).max()))
+    return max(1, min(busiest) - 1)
+
+
 def dense_moe(weights: dict, top_k: int, capacity: int) -> dict:
     """Every rank's output without any communication. Capacity: each rank sends at most `capacity` tokens to
     each expert, the first ones in token order; an assignment past it is dropped (contributes nothing)."""
