@@ -18,6 +18,8 @@ TOLERANCE = 0.15  # Little's law on the learner's own two figures
 # end) plus one hand-over at each end: the reported throughput may be a little lower than the observed one,
 # never higher beyond the clock's noise.
 OBSERVED_LOW, OBSERVED_HIGH = 0.75, 1.05
+HANDOVER_S = 5e-3  # ... or by this much in all: one client's 20 requests span ~12 ms of model time, and two
+                   # thread hand-overs on a loaded machine took an honest table to 0.747 of the stamped figure
 
 
 def _requested(sequences, concurrency):
@@ -60,7 +62,8 @@ def test_littles_law(schemes, experiment, workload, learner, record):
         span = max(end for _, end, _ in calls) - min(start for start, _, _ in calls)
         observed = len(requests) / span
         record(f"throughput at {concurrency} (observed)", row["throughput_rps"], target=observed, unit="req/s")
-        if not OBSERVED_LOW * observed <= row["throughput_rps"] <= OBSERVED_HIGH * observed \
+        lowest = len(requests) / max(span / OBSERVED_LOW, span + HANDOVER_S)
+        if not lowest <= row["throughput_rps"] <= OBSERVED_HIGH * observed \
                 or row["throughput_rps"] < len(requests) / call_s:
             raise LabCheckFailed(
                 f"with {concurrency} client(s) the model served {len(requests)} requests in {span * 1e3:.1f} ms "
