@@ -303,11 +303,9 @@ def _stop_profiler(profiler) -> list[str]:
     before each timed run), which took ~1.3 s a configuration on the H200."""
     try:
         profiler.__exit__(None, None, None)
-        results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
-        if results is None:
+        events = _kineto_events(profiler)
+        if events is None:
             return _ops_from_function_events(profiler.events())
-        events = [(e.start_thread_id(), e.start_ns(), e.end_ns(), e.name(),
-                   getattr(e, "is_user_annotation", lambda: False)()) for e in results.events()]
     except (RuntimeError, AssertionError) as exc:
         raise LabCheckFailed(f"the profiler that watches your call was disturbed inside it ({exc}): do not "
                              "start, stop or reconfigure torch profilers in your code") from None
@@ -330,6 +328,19 @@ def _stop_profiler(profiler) -> list[str]:
         if namespace != "profiler":
             ops.append(op if namespace == "aten" else name)
     return ops
+
+
+def _kineto_events(profiler) -> list[tuple] | None:
+    """(thread, start ns, end ns, name, is a user annotation) of every event; None where this torch's profiler
+    does not expose them so (the FunctionEvent tree is read instead)."""
+    results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
+    if results is None:
+        return None
+    try:
+        return [(e.start_thread_id(), e.start_ns(), e.end_ns(), e.name(),
+                 getattr(e, "is_user_annotation", lambda: False)()) for e in results.events()]
+    except (AttributeError, TypeError):
+        return None
 
 
 def _ops_from_function_events(events) -> list[str]:
