@@ -239,8 +239,10 @@ def _install_triton_hooks() -> None:
 
         def run(self, *args, _original=original, _kind=kind, **kwargs):
             records = _open_records
+            if not records:  # nothing watched: no bookkeeping at all (timed calls launch through here)
+                return _original(self, *args, **kwargs)
             stack = _state.__dict__.setdefault("stack", [])
-            if not records or "tuner" in stack:  # nothing watched, or a launch of Triton's benchmarking
+            if "tuner" in stack:  # a launch of Triton's benchmarking: not the learner's call
                 return _original(self, *args, **kwargs)
             if _kind == "kernel" and not kwargs.get("warmup", False):
                 values = list(args) + list(kwargs.values())

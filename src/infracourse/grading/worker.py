@@ -283,11 +283,9 @@ class Worker:
         on_gpu = torch.cuda.is_available()
         with bench.gc_paused():
             held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
-            t0 = time.perf_counter()
-            enqueued = time.perf_counter() - t0
             if on_gpu:
                 torch.cuda.synchronize()
-        return {"value": {"hold_s": held.seconds(), "calls": 0, "enqueue_s": enqueued}}
+        return {"value": {"hold_s": held.seconds()}}
 
     def time_outputs(self, header: dict) -> tuple[dict, dict]:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
