@@ -53,8 +53,10 @@ VARIANTS = {
                      '            os.replace(path.with_suffix(".tmp"), path)',
                      'torch.save({"model": params, "step": step}, path.with_suffix(f".{rank}.tmp"))\n'
                      '            os.replace(path.with_suffix(f".{rank}.tmp"), path)'))}),
+    # a rate 10x off, invented downward: the report's 97779 was measured at load, and an idle 2-core machine
+    # runs ~190000, so 10x upward was only 5.1x off the grader's figure, at the edge of the 5x tolerance
     "invented samples/s in the report": ("report", {"report.md": replace_once(
-        "samples_per_s: 97779 ", "samples_per_s: 977790")}),
+        "samples_per_s: 97779 ", "samples_per_s: 9778  ")}),
     # a communication share not measured: the course's hook times the all-reduce at 0.4-0.6 of the step
     "invented communication share in the report": ("report", {"report.md": replace_once(
         "comm_share: 0.58 ", "comm_share: 0.05 ")}),
