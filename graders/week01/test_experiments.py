@@ -29,7 +29,10 @@ def test_concurrency(harness, slack, record):
         record(f"throughput at {concurrency}", result["throughput"], target=expected, unit="calls/s")
         # c threads call back through one channel to the grader: a call's round trip may queue behind the others'.
         allowance = concurrency * slack
-        if not latency - 50e-6 <= result["mean_latency"] <= 1.2 * latency + allowance:
+        # the learner times `calls` of the calls; warm-up calls it made besides (slower ones, under load) are in
+        # `durations` too, so the lowest honest mean is that of the quickest `calls` of them
+        quickest = statistics.fmean(sorted(workload.durations)[:8 * concurrency])
+        if not quickest - 50e-6 <= result["mean_latency"] <= 1.2 * latency + allowance:
             raise LabCheckFailed(f"{concurrency} threads calling a 10 ms sleep: calls take {latency * 1e3:.2f} ms each "
                                  f"but your mean latency is {result['mean_latency'] * 1e3:.2f} ms. Time each call on "
                                  "its own, from its start to its end.")
