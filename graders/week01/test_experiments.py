@@ -20,7 +20,8 @@ from infracourse.kit.workloads import Steady
 def test_concurrency(harness, slack, record):
     for concurrency in (1, 4):
         workload = Steady(0.01)  # runs here: each call from the worker's threads pays a round trip (slack)
-        result = harness.run_concurrent(workload, concurrency=concurrency, calls=8 * concurrency)
+        calls = 8 * concurrency
+        result = harness.run_concurrent(workload, concurrency=concurrency, calls=calls)
         missing = {"throughput", "mean_latency"} - set(result)
         if missing:
             raise LabCheckFailed(f"run_concurrent's result lacks {sorted(missing)}")
@@ -31,7 +32,7 @@ def test_concurrency(harness, slack, record):
         allowance = concurrency * slack
         # the learner times `calls` of the calls; warm-up calls it made besides (slower ones, under load) are in
         # `durations` too, so the lowest honest mean is that of the quickest `calls` of them
-        quickest = statistics.fmean(sorted(workload.durations)[:8 * concurrency])
+        quickest = statistics.fmean(sorted(workload.durations)[:calls])
         if not quickest - 50e-6 <= result["mean_latency"] <= 1.2 * latency + allowance:
             raise LabCheckFailed(f"{concurrency} threads calling a 10 ms sleep: calls take {latency * 1e3:.2f} ms each "
                                  f"but your mean latency is {result['mean_latency'] * 1e3:.2f} ms. Time each call on "
