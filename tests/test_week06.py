@@ -165,5 +165,6 @@ def test_trace_of_the_wrong_precision_fails(course, machine, tmp_path):
         shutil.copy(folder / "traces" / "step-T128-fp32.json.gz", folder / "traces" / "step-T128-bf16.json.gz")
 
     checks = _grade_with_traces(course, machine, tmp_path / "relabelled", relabel)
+    assert checks["step-correct"].status == "passed", checks["step-correct"].message  # else no trace is judged
     assert checks["profile-traces"].status == "failed"
     assert "not bf16" in checks["profile-traces"].message

@@ -72,6 +72,9 @@ class Recovery:
     kill_step: int                       # rank 0 had logged this step when rank 1 was killed
     killed_at: float = 0.0               # time.time() of the SIGKILL
     complete_at_kill: list[int] = field(default_factory=list)  # steps whose checkpoint had DCP's .metadata
+    # the same when the new world's ranks started: a save the killed world's rank 0 was finishing may complete
+    # after the kill (rank 1 had sent its part), and then it is whole and the newest the restart can load
+    complete_at_restart: list[int] = field(default_factory=list)
     planted: str = ""                    # the half-written checkpoint folder the judge added
     seen: dict[str, float] = field(default_factory=dict)      # judge-clocked: torn_down, new_ranks, first_step,
     #                                                           caught_up, finished
@@ -151,11 +154,14 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
             if len(live - old) >= WORLD:
                 recovery.seen.setdefault("torn_down", now)
                 recovery.seen["new_ranks"] = now  # torchrun has started every rank of the new world
+                recovery.complete_at_restart = _complete(checkpoints)
         lines = _lines(log)
         reached = max((line["step"] for line in lines if line["restart"] == 0), default=kill_step)
         fresh = [line for line in lines if line["restart"] >= 1]
         if fresh and "first_step" not in recovery.seen:
             recovery.seen["first_step"] = time.time()
+            if recovery.seen.get("new_ranks", 0) >= recovery.seen["first_step"] - 0.05:
+                recovery.complete_at_restart = []  # seen in the same poll: the new world may have saved already
         if any(line["step"] >= reached for line in fresh) and "caught_up" not in recovery.seen:
             recovery.seen["caught_up"] = time.time()
         time.sleep(0.005)

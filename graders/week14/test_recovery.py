@@ -52,7 +52,7 @@ def test_params(recovery):
 @pytest.mark.check("recovery-resume")
 def test_resume(recovery):
     outs = _finished(recovery)
-    whole = recovery.complete_at_kill
+    whole = recovery.complete_at_restart or recovery.complete_at_kill
     if not whole:
         raise LabCheckFailed(f"no checkpoint had been completed (a step_NNNNNN folder with DCP's .metadata) when rank "
                              f"1 was killed {recovery.where()}: save every save_every steps with "
@@ -60,7 +60,7 @@ def test_resume(recovery):
     resumed = outs[0].get("resumed_from")
     if resumed != whole[-1]:
         raise LabCheckFailed(f"the restarted run reports it resumed from step {resumed!r}; the newest complete "
-                             f"checkpoint when rank 1 died was step {whole[-1]} {recovery.where()}")
+                             f"checkpoint when the restarted world started was step {whole[-1]} {recovery.where()}")
     before = [line["step"] for line in recovery.lines if line["restart"] == 0]
     after = [line["step"] for line in recovery.lines if line["restart"] == 1]
     if after != list(range(whole[-1] + 1, STEPS + 1)):
