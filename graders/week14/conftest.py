@@ -154,14 +154,13 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
             if len(live - old) >= WORLD:
                 recovery.seen.setdefault("torn_down", now)
                 recovery.seen["new_ranks"] = now  # torchrun has started every rank of the new world
-                recovery.complete_at_restart = _complete(checkpoints)
+                if not any(line["restart"] >= 1 for line in _lines(log)):  # not stepped yet, so nothing saved
+                    recovery.complete_at_restart = _complete(checkpoints)
         lines = _lines(log)
         reached = max((line["step"] for line in lines if line["restart"] == 0), default=kill_step)
         fresh = [line for line in lines if line["restart"] >= 1]
         if fresh and "first_step" not in recovery.seen:
             recovery.seen["first_step"] = time.time()
-            if recovery.seen.get("new_ranks", 0) >= recovery.seen["first_step"] - 0.05:
-                recovery.complete_at_restart = []  # seen in the same poll: the new world may have saved already
         if any(line["step"] >= reached for line in fresh) and "caught_up" not in recovery.seen:
             recovery.seen["caught_up"] = time.time()
         time.sleep(0.005)
