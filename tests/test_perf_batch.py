@@ -58,6 +58,51 @@ def test_timed_through_the_worker_checks_outputs_of_the_clocked_calls(tmp_path):
     assert timing.median_s > 0 and timing.wall_per_call_s is not None and 1 <= len(checked) <= 3
 
 
+PRECOMPUTING_ADD = """
+answers = {}   # every output this process ever computed, by its inputs' bytes
+clocked = []   # for each call: had its inputs been seen before?
+
+
+def add(x, y):
+    key = (x.numpy().tobytes(), y.numpy().tobytes())
+    clocked.append(key in answers)
+    if key not in answers:
+        answers[key] = x + y
+    return answers[key]
+
+
+def seen_before():
+    return [int(hit) for hit in clocked]
+"""
+
+
+def test_the_clocked_batchs_inputs_exist_only_once_the_judges_clock_runs(tmp_path):
+    """A learner who computes outputs ahead (in the untimed passes) and only looks them up while the judge's
+    clock runs would look as fast as a lookup. The batch's inputs are drawn from a salt the judge sends with the
+    clocked request, so none of them was ever seen before: every clocked call computes."""
+    import torch
+
+    from infracourse.grading import perf
+    from infracourse.grading.inputs import tensors
+
+    worker = _worker_with(tmp_path, PRECOMPUTING_ADD)
+    checked = []
+
+    def check(out, args):
+        checked.append(1)
+        torch.testing.assert_close(out, args[0] + args[1])
+
+    try:
+        module = worker.module("mod")
+        perf.timed(module.add, tensors([[256], [256]], device="cpu", seed=5), check=check, label="add", calls=6)
+        hits = module.seen_before()
+    finally:
+        worker.close()
+    clocked = hits[-6:]  # the clocked batch is the last 6 calls (a CPU batch is clocked once)
+    assert clocked == [0] * 6 and checked  # none of its inputs existed before, and its outputs were checked
+    assert sum(hits[:-6]) == 0  # nor did the watched pass reuse the samples' inputs
+
+
 def test_timed_through_the_worker_fails_when_the_clocked_calls_are_wrong(tmp_path):
     import torch
 
@@ -263,7 +308,7 @@ def test_the_worker_reports_how_long_the_host_took_to_enqueue_the_clocked_batch(
         fn = worker.module("mod").slow
         worker.request("time_prepare", {"make_args": tensors([[8]], device="cpu", seed=0)}, target=fn._handle.id,
                        calls=3)
-        ran = worker.request("time_run", hold_s=0.0, calls=3).value
+        ran = worker.request("time_run", hold_s=0.0, calls=3, salt=2**41).value
     finally:
         worker.close()
     assert ran["calls"] == 3 and 3 * 0.002 <= ran["enqueue_s"] < 1.0
@@ -358,16 +403,18 @@ def test_the_judges_clock_of_a_batch_leaves_out_what_an_empty_batch_costs(tmp_pa
     from infracourse.grading import perf
     from infracourse.grading.inputs import tensors
 
-    fixed_cost, call_cost = 1.5e-3, 3e-3
+    fixed_cost, call_cost, draw_cost = 1.5e-3, 3e-3, 0.4e-3
     clock = types.SimpleNamespace(now=100.0)
     monkeypatch.setattr(perf, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(perf, "input_draw_seconds", lambda generate: draw_cost)
     worker = _worker_with(tmp_path, "def double(x):\n    return x * 2\n")
     request = worker.request
 
     def with_fixed_cost(op, *args, **kwargs):
         reply = request(op, *args, **kwargs)
         if op in ("time_idle", "time_run"):  # the same cost for an empty batch and a full one, besides its calls
-            clock.now += fixed_cost + reply.value["hold_s"] + (call_cost * kwargs["calls"] if op == "time_run" else 0)
+            per_call = call_cost + draw_cost  # a full batch also draws its inputs inside the clock
+            clock.now += fixed_cost + reply.value["hold_s"] + (per_call * kwargs["calls"] if op == "time_run" else 0)
         return reply
 
     worker.request = with_fixed_cost
@@ -376,5 +423,5 @@ def test_the_judges_clock_of_a_batch_leaves_out_what_an_empty_batch_costs(tmp_pa
                             check=lambda out, args: None, label="double", calls=4)
     finally:
         worker.close()
-    # without the credit: 3 ms + 1.5 ms / 4 calls = 3.375 ms a call
+    # without the credits: 3 ms + 0.4 ms + 1.5 ms / 4 calls = 3.775 ms a call
     assert timing.wall_per_call_s == pytest.approx(call_cost, abs=1e-9)

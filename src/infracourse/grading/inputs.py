@@ -17,6 +17,16 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# A judged batch's inputs are those of indices salt + 0, salt + 1, ...: the judge draws the salt when it starts its
+# clock, far above the indices any other call uses (0.. for the watched pass, 10**6.. for samples and references).
+SALTS = (2**40, 2**52)
+
+
+def salted(salt: int, call: int) -> int:
+    """The input index of call `call` of the clocked batch drawn with `salt`."""
+    return salt + call
+
+
 def build(spec: WorkerObject) -> Callable[[int], tuple]:
     """The judge's own copy of a generator the worker builds from the same spec."""
     module_name, _, name = spec.target.partition(":")
@@ -35,13 +45,23 @@ class random_tensors:  # noqa: N801  (named like the factory it is, for WorkerOb
         self.shapes, self.dtype, self.device, self.seed, self.kind = shapes, dtype, device, seed, kind
 
     def __call__(self, index: int) -> tuple[Any, ...]:
+        generator = self._generator(index)  # one stream for the call: each tensor its own values
+        return tuple(self._draw(shape, generator) for shape in self.shapes)
+
+    def _generator(self, index: int):
         import torch
 
-        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + index)
-        draw = torch.randn if self.kind == "randn" else torch.rand
-        dtype = getattr(torch, self.dtype)
-        return tuple(draw(*shape, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
-                     for shape in self.shapes)
+        return torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + index)
+
+    def _draw(self, shape, generator, scale: float = 1.0, shift: float = 0.0):
+        """One kernel writing the tensor in its own dtype: a judged batch draws its inputs inside the judge's
+        clock (grading.perf), which takes their cost off, so the cheaper the draw the less noise it adds."""
+        import torch
+
+        out = torch.empty(*shape, device=self.device, dtype=getattr(torch, self.dtype))
+        if self.kind == "randn":
+            return out.normal_(shift, scale, generator=generator)
+        return out.uniform_(shift, shift + scale, generator=generator)
 
 
 def tensors(shapes: list, *, dtype: str = "float32", device: str = "cuda", seed: int = 0,
@@ -52,21 +72,18 @@ def tensors(shapes: list, *, dtype: str = "float32", device: str = "cuda", seed:
 
 
 class scaled_tensors(random_tensors):  # noqa: N801
-    """random_tensors, tensor k then drawn as `randn * scales[k] + shifts[k]` (in fp32, before the cast), and
-    followed by the plain values of `extra` (an eps, a flag): args(i) = (*tensors, *extra)."""
+    """random_tensors, tensor k drawn with standard deviation scales[k] around shifts[k] (uniform: over
+    [shifts[k], shifts[k] + scales[k])), followed by the plain values of `extra` (an eps, a flag):
+    args(i) = (*tensors, *extra)."""
 
     def __init__(self, shapes: list, scales: list, shifts: list, extra: list = (), **options):
         super().__init__(shapes, **options)
         self.scales, self.shifts, self.extra = scales, shifts, tuple(extra)
 
     def __call__(self, index: int) -> tuple[Any, ...]:
-        import torch
-
-        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + index)
-        draw = torch.randn if self.kind == "randn" else torch.rand
-        dtype = getattr(torch, self.dtype)
-        drawn = tuple((draw(*shape, generator=generator, device=self.device, dtype=torch.float32) * scale + shift)
-                      .to(dtype) for shape, scale, shift in zip(self.shapes, self.scales, self.shifts))
+        generator = self._generator(index)
+        drawn = tuple(self._draw(shape, generator, scale, shift)
+                      for shape, scale, shift in zip(self.shapes, self.scales, self.shifts))
         return drawn + self.extra
 
 

@@ -4,9 +4,11 @@ ceiling (or a library's time, measured here in the judge, which learner code nev
 
 The worker times its calls with CUDA events (bench.measure), which learner code in the worker could fake.
 So the judge also times a batch of calls with its own clock, from the request to the answer that follows
-the worker's device-wide synchronise, less what an empty batch costs the same way (bench.batch_overhead),
-checks outputs of that batch picked after it ran, and grades the larger of the two times, never below the
-physics floor of this device.
+the worker's device-wide synchronise. The batch's inputs do not exist before that clock starts: the worker
+draws them from a salt the request carries, inside the clock, so no output can be computed ahead of it. Off the
+clock come what an empty batch costs the same way (bench.batch_overhead) and the inputs' draw as the judge
+times it itself; outputs of the batch picked after it ran are checked, and the larger of the two times is
+graded, never below the physics floor of this device.
 """
 from __future__ import annotations
 
@@ -86,10 +88,11 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
                      require_kernel: bool, batch_calls: int) -> bench.Timing:
     import random
 
-    from infracourse.grading.inputs import build
+    from infracourse.grading.inputs import SALTS, build, salted
 
     worker = fn._worker
     generate = build(make_args)
+    draw = random.SystemRandom()  # salts and picks: unpredictable from the worker, decided when they are used
     asked = max(2, min(batch_calls, BATCH_CALLS))
     prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id, calls=asked)
     prepared = prepare.value
@@ -97,37 +100,50 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     calls = int(stats["calls"])
     if not 2 <= calls <= asked:
         raise LabCheckFailed(f"{label}: the timing worker reported a batch of {calls} calls")
+    drawing = input_draw_seconds(generate)
     # the clocked calls are enqueued while the device waits (as bench.measure does in one process): a call the
     # host takes longer to launch than the device to run is timed by the device, not by Python's launch overhead
     calls, hold = clocked_batch(calls, stats["host_s"])
     while hold is not None:
+        # the batch's inputs are drawn from this salt inside the clock: before it, no output can be computed
+        salt = draw.randrange(*SALTS)
         gc.collect()  # the judge's own collections stay out of its clock, as the worker's do (bench.gc_paused)
         with bench.gc_paused():
             fixed = _batch_overhead(worker, hold, label)
             t0 = time.perf_counter()
-            run = worker.request("time_run", hold_s=hold, calls=calls)
+            run = worker.request("time_run", hold_s=hold, calls=calls, salt=salt)
             wall = time.perf_counter() - t0
         ran = _numbers(run.value, ("calls", "hold_s", "enqueue_s"), label)
         if ran["calls"] != calls:
             raise LabCheckFailed(f"{label}: the timing worker ran another number of calls than the {calls} asked for")
-        wall_per_call = max(wall - _hold_credit(ran, hold) - fixed, 0.0) / calls
+        wall_per_call = max(wall - _hold_credit(ran, hold) - fixed - calls * drawing, 0.0) / calls
         # a batch the host enqueued slower than the device was held ran at the host's pace: once more, held longer
         # (what the worker reports sets only the next hold, at least twice this one, whose credit stays capped by
         # what the judge asked for)
         hold = bench.rehold(hold, ran["enqueue_s"], ran["hold_s"]) if worker.gpu else None
-    draw = random.SystemRandom()  # which outputs are checked is decided only now, after the batch ran
-    picks = sorted({calls - 1, draw.randrange(calls), draw.randrange(calls)})
+    picks = sorted({calls - 1, draw.randrange(calls), draw.randrange(calls)})  # decided only now, after the batch
     picked = worker.request("time_outputs", indices=picks)  # after the clock: the launch records are read here
     outputs = picked.value
     if not isinstance(outputs, list) or len(outputs) != len(picks):
         raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
     for index, out in zip(picks, outputs):
-        check(out, generate(index))
+        check(out, generate(salted(salt, index)))
     if require_kernel:
         _require_kernels(label, prepare.record, picked.record)
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
                         wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu", wall_calls=calls)
+
+
+def input_draw_seconds(generate: Callable[[int], tuple]) -> float:
+    """What drawing one call's inputs costs, timed here in the judge (which learner code never touches) by the
+    same harness as everything else: the clocked batch draws its inputs inside the judge's clock, so this much
+    per call comes off it. Indices far from any batch's, as reference_time's are."""
+    import itertools
+
+    indices = itertools.count(10**7)
+    return bench.measure(generate, make_args=lambda: (next(indices),), warmup=2, reps=15, flush_l2=False,
+                         device=getattr(generate, "device", None), wall_clock=False).median_s
 
 
 def _require_kernels(label: str, *records: dict) -> None:

@@ -195,7 +195,10 @@ class Worker:
 
     # ------------------------------------------------------------------ timing
     def time_prepare(self, header: dict, decoder: Decoder) -> dict:
-        """Event-timed samples through bench.measure, then a batch of fresh inputs for the judge's clock."""
+        """Event-timed samples through bench.measure, then a watched pass over inputs like the clocked batch's.
+
+        The clocked batch's own inputs do not exist yet: time_run draws them from the salt the judge sends with
+        it, inside the judge's clock, so no output can be computed before that clock starts."""
         import torch
 
         from infracourse import bench
@@ -214,11 +217,12 @@ class Worker:
             calls = max(2, min(calls, int(0.2 * torch.cuda.mem_get_info()[0] // (2 * size))))
         batch = [first] + [make_args(i) for i in range(1, calls)]
         host_s = 0.0
-        if on_gpu:  # the host's time to enqueue one call as time_run makes it (its launches recorded): the judge
-            torch.cuda.synchronize()  # holds the device that long per call, so the clocked batch never starves
-            spans = []
-            for args in batch[:5]:
+        if on_gpu:  # the host's time to enqueue one call as time_run makes it, its inputs' draw included (its
+            torch.cuda.synchronize()  # launches recorded): the judge holds the device that long per call, so
+            spans = []                # the clocked batch never starves
+            for index in range(5):
                 t0 = time.perf_counter()
+                args = make_args(index)
                 with record_launches():
                     fn(*args)
                 spans.append(time.perf_counter() - t0)
@@ -236,7 +240,9 @@ class Worker:
             rec.trace_data_flow(list(args), out)
             rec.kernel_tensors.clear()
             observed.append(rec)
-        self.batch = {"fn": fn, "args": batch}
+        flow_broken = sum(_flow_broken(r, args) for r, args in zip(observed, batch))
+        del batch, out, args
+        self.batch = {"fn": fn, "make_args": make_args, "calls": calls}
         gc.collect()  # here, not inside the judge's clock: time_run pauses collections (bench.gc_paused)
         return {"value": {"median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s,
                           "n": len(timing.samples_s), "calls": calls, "host_s": host_s},
@@ -244,24 +250,28 @@ class Worker:
                            "profiled": sorted({op for r in observed for op in r.profiled}),
                            "kernels": sorted({k for r in observed for k in r.kernels}),
                            "calls_without_kernel": sum(not r.kernels for r in observed),
-                           "calls_without_data_flow": sum(_flow_broken(r, args) for r, args in zip(observed, batch))}}
+                           "calls_without_data_flow": flow_broken}}
 
     def time_run(self, header: dict) -> dict:
-        """Run the prepared batch back to back (the device held first, so launches queue), then synchronise."""
+        """Draw the batch's inputs from the judge's salt and run the calls back to back (the device held first,
+        so the draws and the launches queue), then synchronise. The draws run inside the judge's clock, which
+        takes off their cost as the judge measured it itself (grading.perf)."""
         import torch
 
         from infracourse import bench
+        from infracourse.grading.inputs import salted
         from infracourse.guard import record_launches
 
-        calls = max(2, min(int(header.get("calls", len(self.batch["args"]))), len(self.batch["args"])))
-        fn, batch = self.batch["fn"], self.batch["args"][:calls]  # the judge clocks the first `calls` prepared
-        self.batch["args"] = batch
+        calls = max(2, min(int(header.get("calls", self.batch["calls"])), self.batch["calls"]))
+        fn, make_args, salt = self.batch["fn"], self.batch["make_args"], int(header["salt"])
         on_gpu = torch.cuda.is_available()
-        self.batch.pop("outputs", None)  # a second clocked batch (the judge asked for a longer hold) replaces the first
+        for stale in ("args", "outputs", "launches"):  # a second clocked batch (a longer hold) replaces the first
+            self.batch.pop(stale, None)
         outputs, launches = [], []
         with bench.gc_paused():
             held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
             t0 = time.perf_counter()
+            batch = [make_args(salted(salt, i)) for i in range(calls)]
             for args in batch:
                 with record_launches() as rec:  # launches only: anything heavier would change the time
                     outputs.append(fn(*args))
@@ -270,7 +280,7 @@ class Worker:
             if on_gpu:
                 torch.cuda.synchronize()
         # the judge's clock stops when this reply arrives: the launch records are read in time_outputs
-        self.batch.update(outputs=outputs, launches=launches)
+        self.batch.update(args=batch, outputs=outputs, launches=launches)
         return {"value": {"hold_s": held.seconds(), "calls": len(batch), "enqueue_s": enqueued}}
 
     def time_idle(self, header: dict) -> dict:
