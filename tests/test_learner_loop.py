@@ -102,7 +102,7 @@ def test_watch_command_clears_and_regrades(tmp_path, monkeypatch):
     ws.unlock(Course(REPO), Course(REPO).week("week07"))
     cleared = []
     monkeypatch.setattr(cli.console, "clear", lambda *a: cleared.append(1))
-    monkeypatch.setattr(cli, "_grade", lambda ws, course, w, quiet=False: _result(status="passed"))
+    monkeypatch.setattr(cli, "_grade", lambda ws, course, w, **options: _result(status="passed"))
     real_loop = watch.watch_loop
     monkeypatch.setattr(watch, "watch_loop", lambda folder, grade, show, interval: real_loop(
         folder, grade, show, sleep=lambda s: None, stop=lambda: bool(cleared)))

@@ -67,6 +67,10 @@ err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whole pat
 
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", help="Workspace folder (default: found from the current one).")
 WeekArg = typer.Argument(None, help="week07, 7 or w7 (default: the week folder you are in)", show_default=False)
+CheckOpt = typer.Option(None, "--check", "-c", show_default=False, help="Grade only this check (repeatable) and "
+                        "the checks it requires: a partial grade, in seconds, that never completes the week.")
+PatternOpt = typer.Option(None, "-k", show_default=False, help="Grade only the checks whose id matches, as pytest "
+                          "-k does (-k add, -k \"reduce and not bandwidth\"), and the checks they require.")
 _global = {"workspace": None}  # `infracourse --workspace DIR <command>`: set by the callback on every run
 _PASS_THROUGH = (typer.Exit, typer.Abort, typer.TyperException,
                  *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"))
@@ -272,11 +276,13 @@ def _completion(ws, course, as_json: bool, out: Optional[Path]) -> None:
 @_command()
 def grade(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt,
           as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
-          no_record: bool = typer.Option(False, "--no-record", help="Do not store this grade.")):
-    """Grade a week's lab on this machine. Exit code 0 exactly when the week is complete."""
+          no_record: bool = typer.Option(False, "--no-record", help="Do not store this grade."),
+          check: Optional[list[str]] = CheckOpt, pattern: Optional[str] = PatternOpt):
+    """Grade a week's lab on this machine. Exit code 0 exactly when the week is complete (with --check or -k:
+    when every check graded passed)."""
     ws, course = _context(workspace)
     w = _week(course, week, ws)
-    result = _grade(ws, course, w, quiet=as_json)
+    result = _grade(ws, course, w, quiet=as_json, checks=check, pattern=pattern)
     if not no_record:
         _record(ws, result)
     plots = views.write_plots(ws.week_dir(w), result)
@@ -284,7 +290,7 @@ def grade(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
         print(json.dumps(result.as_dict(), indent=1))
     else:
         views.print_grade(console, result, plots)
-    raise typer.Exit(0 if result.complete else 1)
+    raise typer.Exit(0 if (result.all_passed if result.partial else result.complete) else 1)
 
 
 def _record(ws, result) -> None:
@@ -292,10 +298,11 @@ def _record(ws, result) -> None:
     ws.save_result(result)
 
 
-def _grade(ws, course, week, quiet: bool = False):
+def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = None, pattern: Optional[str] = None):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infracourse.grading.runner import grade as run_grade
+    from infracourse.grading.selection import SelectionError, named_checks, with_prerequisites
 
     if week.planned:
         _fail(f"{week.id} ({week.title}) is planned: there is no lab to grade yet")
@@ -303,10 +310,15 @@ def _grade(ws, course, week, quiet: bool = False):
     if not folder.is_dir():
         _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {week.id}`")
     lab = course.lab(week)
+    try:
+        named = named_checks(lab.spec, checks or (), pattern)
+    except SelectionError as exc:
+        _fail(str(exc))
+    total = len(lab.spec.checks) if named is None else len(with_prerequisites(lab.spec, named))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
-        task = bar.add_task(f"grading {week.id}", total=len(lab.spec.checks))
+        task = bar.add_task(f"grading {week.id}", total=total)
 
         def on_event(event: dict) -> None:
             if event["event"] == "start":
@@ -317,7 +329,7 @@ def _grade(ws, course, week, quiet: bool = False):
             else:
                 bar.advance(task)
 
-        return run_grade(course, lab, folder, on_event=on_event, compile_cache=ws.compile_cache(week))
+        return run_grade(course, lab, folder, on_event=on_event, compile_cache=ws.compile_cache(week), checks=named)
 
 
 @_command()
@@ -345,8 +357,9 @@ def reset(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
 
 @_command()
 def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt,
-          interval: float = typer.Option(0.5, help="Seconds between looks at the files.")):
-    """Regrade whenever a file in the week's folder is saved (Ctrl-C to stop)."""
+          interval: float = typer.Option(0.5, help="Seconds between looks at the files."),
+          check: Optional[list[str]] = CheckOpt, pattern: Optional[str] = PatternOpt):
+    """Regrade whenever a file in the week's folder is saved (Ctrl-C to stop); --check / -k as for grade."""
     from infracourse.watch import watch_loop
 
     ws, course = _context(workspace)
@@ -356,7 +369,7 @@ def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
         _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {w.id}`")
 
     def grade_once():
-        result = _grade(ws, course, w)
+        result = _grade(ws, course, w, checks=check, pattern=pattern)
         _record(ws, result)
         return result
 

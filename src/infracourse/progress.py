@@ -5,6 +5,8 @@ On-disk format (SQLite, `PRAGMA user_version` = SCHEMA_VERSION):
   grades(id, week, started_at, seconds, tier, device, fingerprint, complete, verified_on_gpu, result_json)
   checks(grade_id, check_id, status, message, value, target, unit)   one row per check of a grade
   hints(week PRIMARY KEY, shown)                                       how many hints were revealed
+A partial grade (`grade --check`/`-k`) is a row like any other, with complete 0 and "partial": true in its
+result_json: it never passes a week, and last_grade skips it.
 A grade and all its checks are written in one transaction, so a Ctrl-C or a kill during grading leaves
 every earlier result intact and never half a grade. WAL mode keeps readers off the writer's way.
 
@@ -177,9 +179,11 @@ class Progress:
             return grade_id
 
     def last_grade(self, week: str) -> GradeResult | None:
+        """The week's last whole grade: a partial one (`grade --check`) is stored, marked partial in its
+        result_json, but never stands for the week (status, completion, submit)."""
         with closing(self._connect()) as db:
-            row = db.execute("SELECT result_json FROM grades WHERE week = ? ORDER BY id DESC LIMIT 1",
-                             (week,)).fetchone()
+            row = db.execute("SELECT result_json FROM grades WHERE week = ? AND NOT coalesce(json_extract(result_json, "
+                             "'$.partial'), 0) ORDER BY id DESC LIMIT 1", (week,)).fetchone()
         return GradeResult.from_dict(json.loads(row[0])) if row else None
 
     def weeks_summary(self) -> dict[str, dict]:

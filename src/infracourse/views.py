@@ -153,7 +153,11 @@ def print_grade(console: Console, result: GradeResult, plots: list[Path] = ()) -
                       escape(target), escape(check.message))
     console.print(table)
     counts = ", ".join(f"{result.count(s)} {s}" for s in STATUS_STYLE if result.count(s))
-    if result.complete:
+    if result.partial:
+        style = "bold green" if result.all_passed else "bold red"
+        console.print(f"[{style}]{escape(summary_line(result).split(' — ')[0])}[/{style}]. "
+                      f"{escape(PARTIAL_NOTE.format(week=result.week))}")
+    elif result.complete:
         extra = " and verified on GPU" if result.verified_on_gpu else \
             (f"; {result.count('blocked')} check(s) need hardware this machine lacks" if result.count("blocked") else "")
         console.print(f"[bold green]{escape(result.week)} complete[/bold green]{escape(extra)} ({counts}).")
@@ -170,17 +174,23 @@ UNSANDBOXED = ("ran unsandboxed: no sandbox works on this machine (see `infracou
                "with your own rights; fine for your own grade, but an instructor's regrade runs it sandboxed")
 
 
+PARTIAL_NOTE = "A partial grade never completes the week: `infracourse grade {week}` grades every check"
+
+
 def summary_line(result: GradeResult) -> str:
     counts = ", ".join(f"{result.count(s)} {s}" for s in STATUS_STYLE if result.count(s))
-    verdict = "complete" if result.complete else "not complete"
+    verdict = (f"partial grade of {len(result.checks)} check(s)" if result.partial else
+               "complete" if result.complete else "not complete")
     return f"{result.week} {verdict}: {counts} — {result.seconds:.1f} s on {result.device}" + \
         ("" if result.sandboxed else " (ran unsandboxed)")
 
 
 def print_watch(console: Console, result: GradeResult, next_command: str | None) -> None:
     """What `watch` shows after each grade: one summary line, then only what needs work, then what next."""
-    style = "bold green" if result.complete else "bold red"
+    style = "bold green" if result.complete or (result.partial and result.all_passed) else "bold red"
     console.print(f"[{style}]{escape(summary_line(result))}[/{style}]")
+    if result.partial:
+        console.print(f"[dim]{escape(PARTIAL_NOTE.format(week=result.week))}[/dim]")
     for check in result.checks:
         if check.status in ("failed", "error"):
             console.print(f"[{STATUS_STYLE[check.status]}]✗ {escape(check.id)}[/] ({check.status}): "

@@ -150,7 +150,10 @@ class Workspace:
         return moved
 
     def save_result(self, result: GradeResult) -> None:
-        """Keep the last grade beside the week's files too: the database can be rebuilt from these."""
+        """Keep the last grade beside the week's files too: the database can be rebuilt from these. A partial
+        grade is not kept there: result.json stays the last whole grade."""
+        if result.partial:
+            return
         folder = self.root / result.week / GENERATED
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / "result.json.tmp"

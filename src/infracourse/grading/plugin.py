@@ -10,6 +10,8 @@ only, all set by the runner:
   --infracourse-events-fd  inherited pipe: a `start` line before and a `result` line after every check
   --infracourse-settled    id=status pairs, comma-separated, of checks already settled (blocked here, or by an
                            earlier judge process of this grade): not run again; they still count for `requires`
+  --infracourse-only       check ids, comma-separated, of a partial grade (grading.selection): the others are not
+                           run; empty: every check
 A grader test names its check with `@pytest.mark.check("id")`; grading.fixtures gives it the learner's
 code, the hardware, the calibrated ceilings and `record` for measured figures. The runner, not this plugin,
 has the last word on `blocked`, `requires` and completion.
@@ -44,6 +46,7 @@ def pytest_addoption(parser):
     group.addoption("--infracourse-events-fd", type=int, help="inherited pipe for JSON-lines check events")
     group.addoption("--infracourse-settled", default="", help="id=status pairs already settled, comma-separated")
     group.addoption("--infracourse-hung", default="", help="learner functions that overran a limit, comma-separated")
+    group.addoption("--infracourse-only", default="", help="check ids of a partial grade, comma-separated")
 
 
 def pytest_configure(config):
@@ -64,6 +67,7 @@ class _Session:
         pairs = [p.split("=", 1) for p in config.getoption("--infracourse-settled").split(",") if p]
         self.statuses: dict[str, str] = dict(pairs)
         self.skip = set(self.statuses)
+        self.only = {i for i in config.getoption("--infracourse-only").split(",") if i}  # empty: every check
         self.figures: dict[str, dict[str, Figure]] = {}  # check id -> the figures it recorded in this process
         self.worker = None  # started by the `learner` fixture on first use
         self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
@@ -97,7 +101,8 @@ class _Session:
                                         "id, or loop inside one test)")
             owner[marker.args[0]] = item.nodeid
             item.stash[CHECK_KEY] = marker.args[0]
-            (deselected if marker.args[0] in self.skip else keep).append(item)
+            unselected = self.only and marker.args[0] not in self.only
+            (deselected if marker.args[0] in self.skip or unselected else keep).append(item)
         # checks that need others' results in this run (performance after correctness) go last, and the report,
         # whose figures are compared with what the other checks measured, after them
         keep.sort(key=lambda it: (known[it.stash[CHECK_KEY]].kind == "report",

@@ -200,16 +200,22 @@ class GradeResult:
     checks: list[CheckResult]
     grader_version: str = ""
     sandboxed: bool = True  # learner code ran in the sandbox (infracourse.sandbox); False: it could not, here
+    partial: bool = False  # only some checks were graded (`grade --check`/`-k`): never completes the week
 
     def count(self, status: str) -> int:
         return sum(c.status == status for c in self.checks)
 
     @property
+    def all_passed(self) -> bool:
+        """Every check graded passed, or is blocked here: what a partial grade's exit code says."""
+        return bool(self.checks) and all(c.status in ("passed", "blocked") for c in self.checks)
+
+    @property
     def complete(self) -> bool:
         """Every check that could run here passed (blocked ones are owed to other hardware), and at least one
         check of the learner's answers (kind correctness) ran and passed here: a week whose every
-        correctness check was blocked is not complete on this machine."""
-        return bool(self.checks) and all(c.status in ("passed", "blocked") for c in self.checks) \
+        correctness check was blocked is not complete on this machine. A partial grade never is."""
+        return not self.partial and self.all_passed \
             and any(c.status == "passed" and c.kind == "correctness" for c in self.checks)
 
     @property

@@ -24,12 +24,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from infracourse import __version__, sandbox
 from infracourse.course import Course, LabDir
 from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
+from infracourse.grading.selection import with_prerequisites
 from infracourse.hardware import Hardware, detect
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".backup-*", ".grade", ".ipynb_checkpoints")
@@ -59,19 +60,23 @@ def _signal_name(returncode: int) -> str:
 
 def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hardware: Hardware | None = None,
           on_event: EventHandler | None = None, timeout_scale: float = 1.0,
-          compile_cache: Path | None = None) -> GradeResult:
+          compile_cache: Path | None = None, checks: Iterable[str] | None = None) -> GradeResult:
     """Grade the learner files in `files_dir` for one week (a week reference, or a LabDir the caller has
     already loaded: then lab.yaml is not read again). Never raises for learner faults. `on_event` is told each
     check's start and result, and each learner call a running check makes ({"event": "calling", "check",
     "target", "inputs"}), as they happen. `compile_cache`: a
     folder where the learner's Triton kernels stay compiled between grades (a GPU grade of week 9 spends
-    most of a cold grade compiling); without it every grade compiles afresh."""
+    most of a cold grade compiling); without it every grade compiles afresh. `checks`: grade only these check
+    ids and what they need (grading.selection); the result is then partial and never completes the week."""
     lab = week_ref if isinstance(week_ref, LabDir) else course.lab(week_ref)
+    graded = lab.spec.checks if checks is None else \
+        [lab.spec.check(i) for i in with_prerequisites(lab.spec, checks)]
+    only = None if len(graded) == len(lab.spec.checks) else {c.id for c in graded}
     hardware = hardware or detect()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
     settled: dict[str, CheckResult] = {}
-    for check in lab.spec.checks:
+    for check in graded:
         reason = hardware.missing(check.needs)
         if reason:
             settled[check.id] = _result(check, "blocked", reason)
@@ -88,29 +93,30 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
             env[COMPILE_CACHE_ENV] = str(compile_cache.resolve())
         hung: set[str] = set()  # learner functions that overran a limit: the next judge does not call them
         log_tail = ""
-        for _attempt in range(len(lab.spec.checks) + 1):
-            pending = [c for c in lab.spec.checks if c.id not in settled]
+        for _attempt in range(len(graded) + 1):
+            pending = [c for c in graded if c.id not in settled]
             if not pending:
                 break
             log_path = work / f"judge-{_attempt}.log"
-            newly, log_tail = _run_once(lab, snapshot, log_path, work, env, settled, on_event, timeout_scale, hung)
+            newly, log_tail = _run_once(lab, snapshot, log_path, work, env, settled, on_event, timeout_scale, hung,
+                                        only)
             settled.update(newly)
             if not newly:
                 break  # the process settled nothing: a grader or collection error; stop retrying
-        for check in lab.spec.checks:
+        for check in graded:
             if check.id not in settled:
                 settled[check.id] = _result(check, "error", "the grader produced no result for this check "
                                             f"(grader output, last lines:\n{_tail(log_tail)})")
-    _withhold_unearned_credit(lab, settled)
+    _withhold_unearned_credit(graded, settled)
     return GradeResult(week=lab.spec.week, tier=hardware.tier, device=hardware.device_name,
                        fingerprint=hardware.fingerprint(), started_at=started_at,
-                       seconds=time.perf_counter() - t0, checks=[settled[c.id] for c in lab.spec.checks],
-                       grader_version=__version__, sandboxed=sandbox.status().available)
+                       seconds=time.perf_counter() - t0, checks=[settled[c.id] for c in graded],
+                       grader_version=__version__, sandboxed=sandbox.status().available, partial=only is not None)
 
 
-def _withhold_unearned_credit(lab, settled: dict[str, CheckResult]) -> None:
+def _withhold_unearned_credit(graded, settled: dict[str, CheckResult]) -> None:
     """A check with `requires` keeps a pass only if every check it requires passed in this grade."""
-    for check in lab.spec.checks:
+    for check in graded:
         result = settled[check.id]
         unmet = [r for r in check.requires if settled[r].status != "passed"]
         if unmet and result.status not in ("blocked", "error"):
@@ -137,7 +143,8 @@ def _result(check, status: str, message: str, figures: dict | None = None, secon
 
 
 def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settled: dict[str, CheckResult],
-              on_event: EventHandler | None, timeout_scale: float, hung: set[str]) -> tuple[dict[str, CheckResult], str]:
+              on_event: EventHandler | None, timeout_scale: float, hung: set[str],
+              only: set[str] | None = None) -> tuple[dict[str, CheckResult], str]:
     spec_path = work / "lab.json"  # the parsed lab.yaml, for the judge: afresh for every judge process
     spec_path.write_text(lab.spec.model_dump_json(), encoding="utf-8")
     read_fd, write_fd = os.pipe()
@@ -148,7 +155,7 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
                "--infracourse-learner", str(snapshot),
                "--infracourse-events-fd", str(write_fd),
                "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items()),
-               "--infracourse-hung", ",".join(sorted(hung))]
+               "--infracourse-hung", ",".join(sorted(hung)), "--infracourse-only", ",".join(sorted(only or ()))]
     known = {c.id for c in lab.spec.checks}
     newly: dict[str, CheckResult] = {}
     started: set[str] = set()

@@ -1,0 +1,65 @@
+"""Which checks a partial grade runs: those the learner names (`--check ID`, `-k PATTERN`) and what they need.
+
+A partial grade is for iterating on one check in seconds; it never completes a week (GradeResult.partial).
+What a named check needs comes with it, so its verdict is the one a whole grade would give:
+- every check it `requires` (lab.yaml), transitively: the runner withholds credit unless they pass too;
+- for a `report` check, the whole week: it compares its figures with what the other checks measured and
+  lists the checks this machine could not run, so it reads every other check's result.
+`-k` takes pytest's -k expressions over check ids (`-k add`, `-k "reduce and not bandwidth"`): a word matches
+an id that contains it, case-insensitively.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from _pytest.mark.expression import Expression
+
+from infracourse.syllabus import Lab
+
+
+class SelectionError(ValueError):
+    """Named checks that the week does not have, or a -k pattern that matches none; the message says which."""
+
+
+def named_checks(spec: Lab, ids: Iterable[str] = (), pattern: str | None = None) -> list[str] | None:
+    """The check ids the learner named, in lab.yaml's order; None when nothing was named (the whole week)."""
+    ids = list(ids)
+    if not ids and not pattern:
+        return None
+    known = [c.id for c in spec.checks]
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise SelectionError(f"{spec.week} has no check {', '.join(map(repr, unknown))}: its checks are "
+                             f"{', '.join(known)} (lab.yaml); name one of them with --check")
+    chosen = set(ids)
+    if pattern:
+        expression = _expression(pattern)
+        matched = {i for i in known if expression.evaluate(lambda word, **_: word.lower() in i.lower())}
+        if not matched:
+            raise SelectionError(f"-k {pattern!r} matches no check of {spec.week}: its checks are "
+                                 f"{', '.join(known)}; a word matches an id that contains it")
+        chosen |= matched
+    return [i for i in known if i in chosen]
+
+
+def with_prerequisites(spec: Lab, ids: Iterable[str]) -> list[str]:
+    """`ids` and every check they need for a whole-grade verdict (module docstring), in lab.yaml's order."""
+    needed: set[str] = set()
+    todo = list(ids)
+    while todo:
+        check = spec.check(todo.pop())
+        if check.id in needed:
+            continue
+        needed.add(check.id)
+        if check.kind == "report":
+            return [c.id for c in spec.checks]
+        todo.extend(check.requires)
+    return [c.id for c in spec.checks if c.id in needed]
+
+
+def _expression(pattern: str) -> Expression:
+    try:
+        return Expression.compile(pattern)
+    except SyntaxError as exc:  # what pytest's own -k raises on a malformed expression
+        raise SelectionError(f"-k {pattern!r} is not a pytest -k expression ({exc.msg}): use words joined by "
+                             "and / or / not, e.g. -k \"reduce and not bandwidth\"") from None
