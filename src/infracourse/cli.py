@@ -11,16 +11,18 @@ import errno
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from infracourse import __version__, views
+from infracourse.safe_text import escape
 
 
 def Course(*args, **kwargs):  # noqa: N802 - the course (and pydantic with it) is loaded on first use only
@@ -91,11 +93,17 @@ def _os_problem(exc: OSError) -> str:
     return f"{where}: {exc.strerror or exc}" if where else str(exc)
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # `kill` stops a command as Ctrl-C does: its graders and scratch go with it
+
+
 def _guarded(command):
     """One clear line and a non-zero exit for every failure; 'interrupted' (130) on Ctrl-C."""
     @functools.wraps(command)
     def run(*args, **kwargs):
         try:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, _terminated)
             return command(*args, **kwargs)
         except _PASS_THROUGH:
             raise
@@ -478,6 +486,12 @@ def syllabus(week: Optional[str] = typer.Argument(None), schema: bool = typer.Op
     course = Course()
     weeks = [_week(course, week)] if week else course.syllabus.weeks
     views.print_syllabus(console, weeks, detail=week is not None)
+
+
+# `drill` and `selftest` live in their own module (infracourse.drills.cli); this lends them the guard and lookup
+from infracourse.drills.cli import register as _register_drills  # noqa: E402 - typer only, no engine at start-up
+
+_register_drills(app, _command, _context, _fail)
 
 
 @dev_app.command("check")

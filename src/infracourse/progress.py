@@ -5,6 +5,10 @@ On-disk format (SQLite, `PRAGMA user_version` = SCHEMA_VERSION):
   grades(id, week, started_at, seconds, tier, device, fingerprint, complete, verified_on_gpu, result_json)
   checks(grade_id, check_id, status, message, value, target, unit)   one row per check of a grade
   hints(week PRIMARY KEY, shown)                                       how many hints were revealed
+  drill_answers(id, question, seed, week, topic, mode, correct, reply, seconds, answered_at)
+                                                    one row per drill answer (infracourse.drills)
+  selftests(id, taken_at, result_json)              each start self-test: scores and the suggested weeks
+(Tables are only ever added, with CREATE IF NOT EXISTS, so an older workspace gains them on first use.)
 A partial grade (`grade --check`/`-k`) is a row like any other, with complete 0 and "partial": true in its
 result_json: it never passes a week, and last_grade skips it.
 A grade and all its checks are written in one transaction, so a Ctrl-C or a kill during grading leaves
@@ -39,6 +43,12 @@ CREATE TABLE IF NOT EXISTS checks (
     grade_id INTEGER NOT NULL REFERENCES grades(id), check_id TEXT NOT NULL, status TEXT NOT NULL,
     message TEXT NOT NULL, value REAL, target REAL, unit TEXT, PRIMARY KEY (grade_id, check_id));
 CREATE TABLE IF NOT EXISTS hints (week TEXT PRIMARY KEY, shown INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS drill_answers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, question TEXT NOT NULL, seed INTEGER NOT NULL, week TEXT NOT NULL,
+    topic TEXT NOT NULL, mode TEXT NOT NULL, correct INTEGER NOT NULL, reply TEXT NOT NULL, seconds REAL NOT NULL,
+    answered_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS selftests (id INTEGER PRIMARY KEY AUTOINCREMENT, taken_at TEXT NOT NULL,
+    result_json TEXT NOT NULL);
 """
 
 
@@ -201,6 +211,31 @@ class Progress:
             db.execute("INSERT INTO hints VALUES (?, ?) ON CONFLICT(week) DO UPDATE SET shown = excluded.shown",
                        (week, shown))
             return shown
+
+    # ------------------------------------------------------------ drills and the start self-test
+    def record_drill(self, question: str, seed: int, week: str, topic: str, mode: str, correct: bool, reply: str,
+                     seconds: float) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO drill_answers (question, seed, week, topic, mode, correct, reply, seconds, "
+                       "answered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (question, seed, week, topic, mode, int(correct), reply[:200], seconds, _now()))
+
+    def drill_history(self) -> list[dict]:
+        """Every drill answer, oldest first."""
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT question, seed, week, topic, mode, correct, seconds, answered_at "
+                              "FROM drill_answers ORDER BY id")
+            keys = ("question", "seed", "week", "topic", "mode", "correct", "seconds", "answered_at")
+            return [dict(zip(keys, row)) | {"correct": bool(row[5])} for row in rows]
+
+    def record_selftest(self, result: dict) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO selftests (taken_at, result_json) VALUES (?, ?)", (_now(), json.dumps(result)))
+
+    def last_selftest(self) -> dict | None:
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT taken_at, result_json FROM selftests ORDER BY id DESC LIMIT 1").fetchone()
+        return json.loads(row[1]) | {"taken_at": row[0]} if row else None
 
 
 class _BackedUpWrite:
