@@ -213,7 +213,7 @@ def test_a_version_1_gradebook_is_migrated_when_opened(course, tmp_path):
         db.execute("PRAGMA user_version = 1")
     migrated = Gradebook(book.path)
     with closing(sqlite3.connect(book.path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
         assert db.execute("SELECT COUNT(*) FROM submissions WHERE received_at = imported_at").fetchone()[0] == 3
     assert migrated.roster() == [] and len(migrated.latest_submissions()) == 3
 

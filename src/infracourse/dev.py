@@ -67,6 +67,11 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
     named = {c for _, checks in course.acceptance(week, track=lab.track) for c in checks}
     if named - ids:
         problems.append(f"curriculum/syllabus.yaml {week.id}: acceptance names unknown checks {sorted(named - ids)}")
+    criteria = {c.id for c in course.syllabus.completion}
+    for item in spec.rubric:
+        if item.criterion is not None and item.criterion not in criteria:
+            problems.append(f"{where}/lab.yaml: rubric item {item.id!r} names criterion {item.criterion!r}, not one of "
+                            f"the syllabus' completion criteria {sorted(criteria)}; use one of them or leave it out")
     return problems
 
 

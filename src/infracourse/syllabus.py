@@ -269,6 +269,31 @@ class Report(_Strict):
         return self.file
 
 
+class RubricItem(_Strict):
+    """One item an instructor scores by hand in `infracourse cohort review`: the reasoning no check grades."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Stable id: scores in the gradebook refer to it.")
+    title: str = Field(description="What the reviewer judges, in one line.")
+    section: str = Field(description="The report section (one of `report.prose`) the reviewer reads for it.")
+    criterion: str | None = Field(default=None, description="The course completion criterion (an id of the "
+                                  "syllabus' `completion`) this item gives evidence of.")
+    levels: dict[int, str] = Field(description="points -> what earns them, lowest first; 2 to 10 levels, so the "
+                                   "reviewer's number keys 0-9 pick one.")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, value: dict[int, str]) -> dict[int, str]:
+        if not 2 <= len(value) <= 10 or min(value) != 0:
+            raise ValueError(f"levels {sorted(value)}: give 2 to 10 levels, the lowest worth 0 points")
+        if any(not text.strip() for text in value.values()):
+            raise ValueError("a level has no description; say what earns it")
+        return dict(sorted(value.items()))
+
+    @property
+    def max_points(self) -> int:
+        return max(self.levels)
+
+
 class Lab(_Strict):
     format_version: Literal[1]
     week: str
@@ -281,6 +306,8 @@ class Lab(_Strict):
     checks: list[Check] = Field(min_length=1)
     report: Report | None = Field(default=None, description="The report, if the lab asks for one: its file alone "
                                   "(`report: report.md`) or a mapping (see Report).")
+    rubric: list[RubricItem] = Field(default_factory=list, description="What an instructor scores by hand in "
+                                     "`cohort review` (needs `report`: each item names one of its sections).")
     later: list[str] = Field(default_factory=list, description="Set by the engine, never in lab.yaml: checks of a "
                              "track project that a later project week grades (their grader tests are left out).")
 
@@ -295,6 +322,13 @@ class Lab(_Strict):
                 raise ValueError(f"check {check.id!r} requires unknown checks {sorted(unknown)}")
         if self.report is not None and self.report.file not in self.files:
             raise ValueError(f"report {self.report.file!r} must also be listed in files")
+        rubric_ids = [item.id for item in self.rubric]
+        if len(set(rubric_ids)) != len(rubric_ids):
+            raise ValueError(f"rubric ids repeat: {sorted({i for i in rubric_ids if rubric_ids.count(i) > 1})}")
+        for item in self.rubric:
+            if self.report is None or item.section not in self.report.prose:
+                raise ValueError(f"rubric item {item.id!r} names section {item.section!r}; use one of the report's "
+                                 f"prose sections {self.report.prose if self.report else '(no report: add one)'}")
         for figure in self.report.figures if self.report else []:
             if figure.check is not None and figure.check not in ids:
                 raise ValueError(f"report figure {figure.name!r} names unknown check {figure.check!r}")

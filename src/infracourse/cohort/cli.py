@@ -4,6 +4,7 @@ Wired into the `infracourse` app by infracourse.cli; the functions they call liv
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -15,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from infracourse.cohort import bundle, certificates, deadlines, export, gradebook, publish, regrade, release, roster
-from infracourse.cohort import similarity
+from infracourse.cohort import rubric, similarity
 from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
 from infracourse.progress import ProgressError
@@ -28,7 +29,7 @@ console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
 FAILURES = (regrade.UnsandboxedError, cluster.SlurmError, roster.RosterError, deadlines.DeadlineError,
             bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
-            publish.PublishError, certificates.CertificateError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
+            publish.PublishError, certificates.CertificateError, rubric.RubricError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
                             help="The gradebook file (default: gradebook.db in the current folder).")
 
@@ -268,6 +269,38 @@ def publish_(out: Path = typer.Option(..., "--out", help="Folder for the static 
         site = publish.publish(gradebook.Gradebook(gradebook_file), Course(), out, pseudonyms=pseudonyms,
                                stuck_attempts=stuck_attempts, idle_days=idle_days)
     console.print(escape(f"site written to {site}; open {(site / 'index.html').resolve().as_uri()}"))
+
+
+@cohort_app.command("review")
+def review_(week: Optional[str] = typer.Option(None, "--week", help="Only this week's submissions."),
+            status: bool = typer.Option(False, "--status", help="Print how many remain per week and reviewer, "
+                                        "and exit."),
+            reviewer: str = typer.Option(os.environ.get("USER") or "instructor", "--reviewer", help="Your name in "
+                                         "the gradebook's scores (default: $USER); give each reviewer the URL with "
+                                         "their own name in it."),
+            port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (default: a free one)."),
+            names: bool = typer.Option(False, "--names", help="Show learner ids (default: pseudonyms)."),
+            gradebook_file: Path = GradebookOpt):
+    """Score reports by the week's rubric in your browser: a local app on 127.0.0.1, one URL with a token."""
+    from infracourse.cohort import review  # FastAPI's import cost only for this command
+    from infracourse.syllabus import normalise_week
+
+    with _reported():
+        book, course = gradebook.Gradebook(gradebook_file), Course()
+        week = week and normalise_week(week)
+        if status:
+            table = Table(title="review: submissions left (newest per learner and week with a rubric)")
+            for column in ("week", "submissions", "no reviewer finished", "finished, by reviewer"):
+                table.add_column(column, overflow="fold")
+            for r in rubric.status(book, course, week=week):
+                table.add_row(r.week, str(r.submissions), str(r.unreviewed),
+                              ", ".join(f"{who} {n}" for who, n in sorted(r.finished.items())) or "-")
+            console.print(table)
+            return
+        app = review.Review(book, course, week=week, anonymous=not names)
+        review.serve(app, port=port, reviewer=reviewer, on_ready=lambda url: console.print(
+            f"Review app on this machine only; open [bold]{escape(url)}[/bold] (the token in it is the key: "
+            "share it only with your reviewers, each with their own reviewer= name). Ctrl-C stops it."))
 
 
 def _passed(result) -> str:

@@ -22,7 +22,7 @@ import csv
 import json
 from pathlib import Path
 
-from infracourse.cohort import deadlines
+from infracourse.cohort import deadlines, rubric
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.roster import Learner
 from infracourse.cohort.standing import Cohort, Standing, cohort_standing
@@ -31,7 +31,8 @@ from infracourse.course import Course
 FORMAT_VERSION = 2
 COLUMNS = ("learner", "week", "track", "state", "submissions", "submitted_at", "device", "tier", "checks",
            "self_passed", "self_complete", "verified", "verified_passed", "verified_complete", "verified_sandboxed",
-           "disagreements", "best_score", "best_figures", "graders_match", "on_roster", "late", "late_hours", "points")
+           "disagreements", "best_score", "best_figures", "graders_match", "on_roster", "late", "late_hours", "points",
+           "review_points", "review_max", "reviewers")
 FORMATS = ("csv", "json", "canvas", "moodle")
 CANVAS_IDS = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
 MOODLE_IDS = ("Email address", "ID number", "Full name")
@@ -54,9 +55,10 @@ def export(gradebook: Gradebook, course: Course, out: Path, *, format: str | Non
     config = deadlines.load(gradebook.path)
     roster = {learner.id: learner for learner, _ in gradebook.roster()}
     unsandboxed = gradebook.unsandboxed()  # regraded with --allow-unsandboxed: learner code ran unconfined
+    reviews = rubric.review_columns(gradebook, course)  # the rubric scores of `cohort review`
     rows = [row(cell) | {"track": cell.track}  # the published site's rows (row()) leave it out
             | {"verified_sandboxed": (cell.learner, cell.week) not in unsandboxed if cell.verified else None}
-            | graded(cell, config, learner in roster)
+            | graded(cell, config, learner in roster) | reviews.get((learner, week.id), rubric.NO_REVIEW)
             for learner in cohort.learners for week in cohort.built_weeks()
             for cell in [cohort.cell(learner, week.id)]]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +71,8 @@ def export(gradebook: Gradebook, course: Course, out: Path, *, format: str | Non
             writer = csv.DictWriter(fh, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows({k: _cell(v) for k, v in {**r, "disagreements": describe(r["disagreements"]),
-                                                          "best_figures": _flat_figures(r)}.items()} for r in rows)
+                                                          "best_figures": _flat_figures(r)}.items()
+                              if k != "review"} for r in rows)  # each reviewer's scores: JSON only
     else:
         part.write_text(json.dumps(document(cohort, rows), indent=1), encoding="utf-8")
     part.replace(out)
@@ -94,9 +97,15 @@ def lms_table(format: str, cohort: Cohort, rows: list[dict], roster: dict[str, L
     weeks = cohort.built_weeks()
     points = {(r["learner"], r["week"]): r["points"] for r in rows}
     titles = [f"infracourse {w.id}: {w.title}" for w in weeks]
+    # a week with a rubric gets a second column, the review's points (its own assignment in the LMS)
+    reviewed = {w.id: max(r["review_max"] for r in rows if r["week"] == w.id and r["review_max"] is not None)
+                for w in weeks if any(r["week"] == w.id and r["review_max"] is not None for r in rows)}
+    review = {(r["learner"], r["week"]): r["review_points"] for r in rows}
+    titles += [f"infracourse {w.id} review: {w.title}" for w in weeks if w.id in reviewed]
     table: list[list] = []
     if format == "canvas":
-        table += [[*CANVAS_IDS, *titles], ["Points Possible", "", "", "", "", *([100] * len(weeks))]]
+        table += [[*CANVAS_IDS, *titles], ["Points Possible", "", "", "", "", *([100] * len(weeks)),
+                                           *reviewed.values()]]
     else:
         table.append([*MOODLE_IDS, *titles])
     for learner in cohort.learners:
@@ -104,7 +113,8 @@ def lms_table(format: str, cohort: Cohort, rows: list[dict], roster: dict[str, L
         ids = [who.name or who.id, who.canvas_id, who.sis_user_id, who.sis_login_id, who.section] \
             if format == "canvas" else [who.email, who.idnumber, who.name]
         table.append([_cell(v) for v in ids] + ["" if points[learner, w.id] is None else points[learner, w.id]
-                                                for w in weeks])
+                                                for w in weeks]
+                     + ["" if review[learner, week] is None else review[learner, week] for week in reviewed])
     return table
 
 

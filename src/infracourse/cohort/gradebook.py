@@ -15,6 +15,9 @@ On-disk format (`PRAGMA user_version` = SCHEMA_VERSION; a version-1 gradebook is
           'self' comes from the bundle; 'verified' from `cohort regrade` on the instructor's machine
   figures(result_id, check_id, name, value, unit, normalised)   performance figures, normalised by the
           ceilings of the device that measured them (cohort.performance)
+  scores(id, submission_id, reviewer, item, points, comment, scored_at, replaces)   rubric scores given by hand
+          in `cohort review`, append-only: a changed score is a new row naming the one it `replaces`, so the old
+          one stays (the audit trail); a reviewer's current score of an item is their newest row for it
 Every change is one transaction: an import is all of its accepted bundles or nothing, a regrade result is
 whole or absent, so a crash or kill -9 at any moment leaves the gradebook as it was before that change.
 An import streams: one bundle is read, checked and written at a time (SQLite spills the open transaction
@@ -38,7 +41,7 @@ from infracourse.cohort.roster import Learner, new_key
 from infracourse.course import Course
 from infracourse.grading.results import GradeResult
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_FILE = "gradebook.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -64,6 +67,14 @@ CREATE TABLE IF NOT EXISTS roster (
     sis_login_id TEXT NOT NULL, section TEXT NOT NULL, canvas_id TEXT NOT NULL, idnumber TEXT NOT NULL,
     secret TEXT NOT NULL, added_at TEXT NOT NULL);
 """
+SCORES_TABLE = """
+CREATE TABLE IF NOT EXISTS scores (
+    id INTEGER PRIMARY KEY, submission_id INTEGER NOT NULL REFERENCES submissions(id), reviewer TEXT NOT NULL,
+    item TEXT NOT NULL, points INTEGER NOT NULL, comment TEXT NOT NULL, scored_at TEXT NOT NULL,
+    replaces INTEGER REFERENCES scores(id));
+CREATE INDEX IF NOT EXISTS scores_by_submission ON scores (submission_id, reviewer, item, id);
+"""
+SCHEMA += SCORES_TABLE
 MIGRATIONS = {  # from version N to N + 1, run in one transaction when an older gradebook is opened
     1: """
 ALTER TABLE submissions ADD COLUMN received_at TEXT NOT NULL DEFAULT '';
@@ -74,6 +85,7 @@ CREATE TABLE IF NOT EXISTS roster (
     sis_login_id TEXT NOT NULL, section TEXT NOT NULL, canvas_id TEXT NOT NULL, idnumber TEXT NOT NULL,
     secret TEXT NOT NULL, added_at TEXT NOT NULL);
 """,
+    2: SCORES_TABLE,
 }
 ROSTER_FIELDS = ("name", "email", "sis_user_id", "sis_login_id", "section", "canvas_id", "idnumber")
 
@@ -108,6 +120,27 @@ class Submission:
     submitted_at: str
     source: str
     track: str | None = None  # a project week's (22-24) track, from the signed manifest; None for weeks 1-21
+
+
+@dataclass(frozen=True)
+class Score:
+    """One rubric score a reviewer gave (a row of `scores`); `replaces` is the id of the one it changed."""
+    id: int
+    submission_id: int
+    reviewer: str
+    item: str
+    points: int
+    comment: str
+    scored_at: str
+    replaces: int | None
+
+
+class ScoreConflict(Exception):
+    """The reviewer's score changed since they loaded it (another tab of theirs); `current` is the newer one."""
+
+    def __init__(self, current: Score | None):
+        super().__init__("this score was changed in another window since you loaded it: reload to see it")
+        self.current = current
 
 
 class Gradebook:
@@ -156,15 +189,15 @@ class Gradebook:
             part.replace(path)  # a gradebook exists whole or not at all
         return cls(path)
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # transactions are explicit below
+    def _connect(self, busy_s: float = 30) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=busy_s, isolation_level=None)  # transactions are explicit below
         db.execute("PRAGMA foreign_keys = ON")
         return db
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, busy_s: float = 30) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE .. COMMIT; an exception, or the caller's ROLLBACK, leaves nothing behind."""
-        with closing(self._connect()) as db:
+        with closing(self._connect(busy_s)) as db:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -296,6 +329,50 @@ class Gradebook:
                 "JOIN results r ON r.id = (SELECT id FROM results WHERE submission_id = s.id AND origin = 'verified' "
                 "ORDER BY id DESC LIMIT 1)").fetchall()
         return {(learner, week) for learner, week, sandboxed in rows if sandboxed == 0}
+
+    # ------------------------------------------------------------ rubric scores (cohort.review)
+    def submission(self, submission_id: int) -> Submission | None:
+        """One submission by id, newest or not (None: no such submission in this gradebook)."""
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT id, learner, week, received_at, source, json_extract(manifest_json, '$.track') "
+                             "FROM submissions WHERE id = ?", (submission_id,)).fetchone()
+        return Submission(*row) if row else None
+
+    def scores(self, submission_id: int | None = None) -> list[Score]:
+        """Every score given (of one submission, or all), oldest first: the whole audit trail."""
+        where, args = ("WHERE submission_id = ?", (submission_id,)) if submission_id is not None else ("", ())
+        with closing(self._connect()) as db:
+            rows = db.execute(f"SELECT {', '.join(Score.__dataclass_fields__)} FROM scores {where} ORDER BY id",
+                              args).fetchall()
+        return [Score(*row) for row in rows]
+
+    def record_score(self, submission_id: int, reviewer: str, item: str, points: int, comment: str, *,
+                     base: int | None, busy_s: float = 30) -> Score:
+        """Add `reviewer`'s score of `item`, replacing their current one, only if that is still `base` (the id
+        of the score they last saw; None: they saw none). Otherwise ScoreConflict carries the newer score, and
+        nothing is written: two tabs of one reviewer never overwrite each other unseen. Other reviewers' rows
+        are their own, so reviewers never conflict. GradebookError when another writer (an import, a regrade)
+        holds the gradebook past `busy_s`."""
+        try:
+            with self._transaction(busy_s) as db:
+                if not db.execute("SELECT 1 FROM submissions WHERE id = ?", (submission_id,)).fetchone():
+                    raise GradebookError(f"{self.path} has no submission {submission_id}")
+                current = db.execute("SELECT id FROM scores WHERE submission_id = ? AND reviewer = ? AND item = ? "
+                                     "ORDER BY id DESC LIMIT 1", (submission_id, reviewer, item)).fetchone()
+                if (current[0] if current else None) != base:
+                    newer = db.execute(f"SELECT {', '.join(Score.__dataclass_fields__)} FROM scores WHERE id = ?",
+                                       (current[0],)).fetchone() if current else None
+                    raise ScoreConflict(Score(*newer) if newer else None)
+                score = Score(0, submission_id, reviewer, item, points, comment, _now(), base)
+                fields = list(Score.__dataclass_fields__)[1:]
+                cur = db.execute(f"INSERT INTO scores ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})",
+                                 [getattr(score, f) for f in fields])
+                return Score(cur.lastrowid, *[getattr(score, f) for f in fields])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            raise GradebookError(f"{self.path} is being written by another command (an import or a regrade) for over "
+                                 f"{busy_s:g} s; the score was not saved: save it again when that command ends") from None
 
     # ------------------------------------------------------------ reading it all (export, publish)
     def snapshot(self) -> dict[str, list[tuple]]:

@@ -67,7 +67,7 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
     stuck_of: dict[str, list[Stuck]] = {}
     for s in stuck_list:
         stuck_of.setdefault(s.learner, []).append(s)
-    names = _names(cohort.learners, gradebook.meta("pseudonym_key") if pseudonyms else None)
+    names = learner_names(cohort.learners, gradebook.meta("pseudonym_key") if pseudonyms else None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.globals.update(name=names.get, page=lambda learner: f"learners/{quote(names[learner])}.html",
@@ -96,7 +96,7 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
     return out
 
 
-def _names(learners: list[str], key: str | None) -> dict[str, str]:
+def learner_names(learners: list[str], key: str | None) -> dict[str, str]:
     """What the site calls each learner: the id, or `learner-<hmac>` when publishing pseudonyms."""
     if key is None:
         return {l: l for l in learners}

@@ -1,0 +1,139 @@
+"""Rubric scores: what reviewers gave a submission by hand, read against the week's rubric in lab.yaml.
+
+The gradebook keeps every score ever given (`Gradebook.scores`, append-only); this module reads them: a
+reviewer's current score of an item is their newest row for it, a reviewer has *finished* a submission when
+each rubric item has a current score, and a submission's review points are the mean of the finished
+reviewers' totals (blank until one has finished), so two reviewers' scores are never merged item by item.
+A score whose item the rubric no longer has (lab.yaml changed since) is kept, shown as stale and never
+counted: nothing a reviewer gave is lost, and nothing counts against a rubric it was not given under.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from infracourse.cohort.bundle import lab_of
+from infracourse.cohort.gradebook import Gradebook, Score, Submission
+from infracourse.course import Course
+from infracourse.syllabus import CourseFileError, RubricItem
+
+
+class RubricError(Exception):
+    """A score the rubric cannot take; the message names the item, the allowed values and the fix."""
+
+
+@dataclass
+class ReviewerScores:
+    """One reviewer's current scores of one submission, and the history behind them."""
+    reviewer: str
+    current: dict[str, Score] = field(default_factory=dict)  # item id -> newest score
+    history: list[Score] = field(default_factory=list)  # every score they gave it, oldest first
+
+    def finished(self, rubric: list[RubricItem]) -> bool:
+        return bool(rubric) and all(item.id in self.current for item in rubric)
+
+    def total(self, rubric: list[RubricItem]) -> int:
+        return sum(self.current[item.id].points for item in rubric if item.id in self.current)
+
+    def stale(self, rubric: list[RubricItem]) -> list[Score]:
+        known = {item.id for item in rubric}
+        return [s for item, s in sorted(self.current.items()) if item not in known]
+
+
+def rubric_of(course: Course, submission: Submission) -> list[RubricItem]:
+    """The rubric of the lab this submission was graded against (a project week: its track's project)."""
+    try:
+        return lab_of(course, submission.week, submission.track).spec.rubric
+    except (CourseFileError, KeyError):
+        return []  # a week this course no longer builds: nothing to score it against
+
+
+def max_points(rubric: list[RubricItem]) -> int:
+    return sum(item.max_points for item in rubric)
+
+
+def by_reviewer(scores: list[Score]) -> dict[str, ReviewerScores]:
+    """Each reviewer's current scores and history, from one submission's rows (oldest first)."""
+    reviewers: dict[str, ReviewerScores] = {}
+    for score in scores:
+        mine = reviewers.setdefault(score.reviewer, ReviewerScores(score.reviewer))
+        mine.history.append(score)
+        mine.current[score.item] = score
+    return reviewers
+
+
+def review_points(scores: list[Score], rubric: list[RubricItem]) -> float | None:
+    """The mean total of the reviewers who scored every item (None: no one has finished)."""
+    totals = [r.total(rubric) for r in by_reviewer(scores).values() if r.finished(rubric)]
+    return round(sum(totals) / len(totals), 2) if totals else None
+
+
+def checked_score(rubric: list[RubricItem], item_id: str, points: object, comment: object) -> tuple[int, str]:
+    """(points, comment) if the rubric's item takes them; RubricError naming the item and the fix otherwise."""
+    item = next((i for i in rubric if i.id == item_id), None)
+    if item is None:
+        raise RubricError(f"no rubric item {item_id!r} in this week's lab.yaml (it has "
+                          f"{', '.join(i.id for i in rubric) or 'no rubric'}): reload the page to get the current rubric")
+    if isinstance(points, bool) or not isinstance(points, int) or points not in item.levels:
+        raise RubricError(f"{item_id}: {points!r} is not one of its levels {sorted(item.levels)}; pick one of them")
+    if not isinstance(comment, str) or len(comment) > MAX_COMMENT:
+        raise RubricError(f"{item_id}: the comment must be text of at most {MAX_COMMENT} characters")
+    return points, comment
+
+
+MAX_COMMENT = 10_000
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """`cohort review --status`: per week, submissions to review, and how many each reviewer has finished."""
+    week: str
+    submissions: int
+    unreviewed: int  # no reviewer has finished them
+    finished: dict[str, int]  # reviewer -> submissions they finished
+
+
+def status(gradebook: Gradebook, course: Course, *, week: str | None = None) -> list[Remaining]:
+    """What is left to review, per week with a rubric (newest submission of each learner x week)."""
+    scores = defaultdict(list)
+    for score in gradebook.scores():
+        scores[score.submission_id].append(score)
+    weeks: dict[str, list] = defaultdict(list)
+    for submission in gradebook.latest_submissions(week=week):
+        rubric = rubric_of(course, submission)
+        if rubric:
+            weeks[submission.week].append((rubric, by_reviewer(scores[submission.id])))
+    remaining = []
+    for week_id, entries in sorted(weeks.items()):
+        finished: dict[str, int] = defaultdict(int)
+        for rubric, reviewers in entries:
+            for r in reviewers.values():
+                finished[r.reviewer] += r.finished(rubric)
+        remaining.append(Remaining(week_id, len(entries), sum(not any(r.finished(rubric) for r in reviewers.values())
+                                                              for rubric, reviewers in entries), dict(finished)))
+    return remaining
+
+
+NO_REVIEW = {"review_points": None, "review_max": None, "reviewers": None, "review": []}
+
+
+def review_columns(gradebook: Gradebook, course: Course) -> dict[tuple[str, str], dict]:
+    """What `cohort export` adds per learner x week (their newest submission): `review_points` (the mean of the
+    finished reviewers' totals), `review_max`, `reviewers` (how many finished) and, for JSON, `review`: each
+    reviewer's current scores and comments. A week without a rubric is left out (NO_REVIEW)."""
+    scores = defaultdict(list)
+    for score in gradebook.scores():
+        scores[score.submission_id].append(score)
+    columns = {}
+    for submission in gradebook.latest_submissions():
+        items = rubric_of(course, submission)
+        if not items:
+            continue
+        reviewers = by_reviewer(scores[submission.id]).values()
+        columns[submission.learner, submission.week] = {
+            "review_points": review_points(scores[submission.id], items), "review_max": max_points(items),
+            "reviewers": sum(r.finished(items) for r in reviewers),
+            "review": [{"reviewer": r.reviewer, "finished": r.finished(items), "points": r.total(items),
+                        "items": {i: {"points": s.points, "comment": s.comment, "scored_at": s.scored_at}
+                                  for i, s in sorted(r.current.items())}} for r in reviewers]}
+    return columns
