@@ -121,6 +121,10 @@ def create_app(review: Review) -> FastAPI:
         response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
         return response
 
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)  # none: a browser's request for it is not an error
+
     @app.get("/static/{asset}")
     def static(asset: str) -> Response:
         if asset not in ASSETS:

@@ -36,7 +36,10 @@ function rubricKeys(form) {
     const max = document.getElementById("total").textContent.split("/")[1];
     document.getElementById("total").textContent = points.reduce((a, b) => a + b, 0) + "/" + max;
   };
-  const save = async item => {
+  // One save at a time per item: a second one (the comment, just after the level) waits for the first's
+  // reply and sends the score id it returned, or it would be refused as a conflict with the first.
+  const save = item => { item.pending = (item.pending || Promise.resolve()).then(() => send(item)); };
+  const send = async item => {
     const chosen = item.querySelector("input:checked");
     const state = item.querySelector(".state");
     if (!chosen) { state.textContent = "pick a level first (0-9), then the comment is saved with it"; return; }
