@@ -115,7 +115,7 @@ def test_missing_lab_folder_is_a_clear_error(tmp_path):
 
 def test_schema_covers_every_course_file():
     schema = json_schema()
-    assert set(schema) == {"syllabus.yaml", "lab.yaml", "tracks/*.yaml"}
+    assert set(schema) == {"syllabus.yaml", "lab.yaml", "tracks/*.yaml", "drills/*.yaml"}
     assert "weeks" in json.dumps(schema["syllabus.yaml"])
 
 

@@ -256,9 +256,21 @@ def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Optio
 
         hw = detect()
         print(json.dumps({"tier": hw.tier, "device": hw.device_name, "weeks": rows,
-                          "next": views.next_step(ws, course)}, indent=1))
+                          "next": views.next_step(ws, course), **_drill_status(ws)}, indent=1))
         return
     views.print_status(console, rows, views.next_step(ws, course))
+    for line in _drill_status(ws)["lines"]:
+        console.print(escape(line), soft_wrap=True)
+
+
+def _drill_status(ws) -> dict:
+    """The start self-test's suggestion and the drills' record (infracourse.drills), for `status`."""
+    from infracourse.drills.selftest import summary_line
+    from infracourse.drills.session import by_topic, history_line
+
+    selftest, history = ws.progress.last_selftest(), ws.progress.drill_history()
+    return {"selftest": selftest, "drills_by_topic": by_topic(history),
+            "lines": [summary_line(selftest), history_line(history)]}
 
 
 def _completion(ws, course, as_json: bool, out: Optional[Path]) -> None:

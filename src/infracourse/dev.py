@@ -113,4 +113,9 @@ def check_course(course: Course, week: str | None = None, *, grade: bool = True,
         problems += static_problems(course, lab)
         if grade:
             problems += grading_problems(course, lab)
+    if not week:  # the drill files: weeks, measured checks and every estimate's formula over many draws
+        from infracourse.drills import audit
+
+        log("checking the drills (curriculum/drills)")
+        problems += audit.problems(course)
     return problems

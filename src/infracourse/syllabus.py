@@ -396,4 +396,10 @@ def load_track(path: Path) -> Track:
 
 def json_schema() -> dict:
     return {"syllabus.yaml": Syllabus.model_json_schema(), "lab.yaml": Lab.model_json_schema(),
-            "tracks/*.yaml": Track.model_json_schema()}
+            "tracks/*.yaml": Track.model_json_schema(), "drills/*.yaml": _drills_schema()}
+
+
+def _drills_schema() -> dict:
+    from infracourse.drills.content import json_schema as drills  # the drills import this module: load late
+
+    return drills()

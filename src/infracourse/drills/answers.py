@@ -119,7 +119,7 @@ def judge(got: float, expected: float, tolerance: float, mistakes: dict[str, flo
     if power and near(ratio, 10.0 ** power):
         return Verdict(False, got, expected, f"off by 10^{power}: the digits are right, check the unit prefix "
                                              "or a power of ten")
-    return Verdict(False, got, expected, f"{_times(ratio)} the answer, outside the ±{tolerance:.0%} allowed")
+    return Verdict(False, got, expected, f"{_times(ratio)} the answer, outside the ±{tolerance * 100:.2g} % allowed")
 
 
 def _times(ratio: float) -> str:
@@ -138,6 +138,10 @@ def human(value: float, unit: str) -> str:
     if best:
         name, size = next(((n, s) for n, s in best if abs(base) >= s), best[-1])
         return f"{base / size:.4g} {name}"
+    if dimension in ("count", "tokens", "parameters") and float(value).is_integer():
+        return f"{value:,.0f}" + ("" if dimension == "count" else f" {unit}")
+    if unit == "%":
+        return f"{value:.4g} %"
     if unit == "$":
         return f"${value:,.4g}" if abs(value) < 1e4 else f"${value:,.0f}"
     return f"{value:.4g} {unit}".rstrip()

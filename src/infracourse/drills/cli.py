@@ -100,7 +100,7 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
         say = (lambda text: err.print(text, markup=False)) if as_json else _say
         say(f"start self-test: {len(instances)} questions on weeks "
             f"{', '.join(sorted({q.week for q in questions}))}; `skip` if you do not know")
-        sitting = session.ask_all(instances, _ask, say)
+        sitting = session.ask_all(instances, _ask_on_stderr if as_json else _ask, say)
         result = start.suggestion(sitting)
         if sitting.answered:
             ws.progress.record_selftest(result)
@@ -113,6 +113,13 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
 
 def _ask(prompt: str) -> str:
     return input(prompt)
+
+
+def _ask_on_stderr(prompt: str) -> str:
+    """With --json, stdout carries only the result."""
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return input()
 
 
 def _say(text: str) -> None:

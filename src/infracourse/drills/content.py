@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infracourse.drills import answers, formula
 from infracourse.syllabus import CourseFileError
@@ -93,6 +93,11 @@ class Question(_Strict):
     @property
     def numeric(self) -> bool:
         return self.kind in ("estimate", "measured")
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _number_is_formula(cls, value):
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -111,7 +111,7 @@ def _num(value):
 
 def fill(template: str, inst: Instance, extra: dict | None = None) -> str:
     try:
-        return template.strip().format_map({**inst.values, **(extra or {})})
+        return flow(template).format_map({**inst.values, **(extra or {})})
     except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(f"question {inst.question.id}: its text names {exc} that no parameter defines") from None
 
@@ -120,10 +120,15 @@ def reveal(inst: Instance, why: str = "") -> Outcome:
     """The right answer and its working, as shown after an answer (or when the learner skips)."""
     q = inst.question
     if not q.numeric:
-        return Outcome(False, why, _right_letters(inst), q.explain.strip())
+        return Outcome(False, why, _right_letters(inst), flow(q.explain))
     shown = answers.human(inst.expected, q.unit)
     working = fill(q.working, inst, {"answer": Num(inst.expected), "answer_h": shown})
-    return Outcome(False, why, f"{shown} (±{q.tolerance:.0%})", f"{working}\n{q.explain.strip()}")
+    return Outcome(False, why, f"{shown} (±{tolerance(q)})", f"{working}\n{flow(q.explain)}")
+
+
+def tolerance(q: Question) -> str:
+    """The stated tolerance: 5 %, 0.5 %, 0.1 %."""
+    return f"{q.tolerance * 100:.2g} %"
 
 
 def check(inst: Instance, reply: str) -> Outcome:
@@ -149,6 +154,11 @@ def check(inst: Instance, reply: str) -> Outcome:
         why = "" if correct else ", ".join(p for p in (f"{missed} right option(s) missed" if missed else "",
                                                         f"{extra} wrong option(s) picked" if extra else "") if p)
     return replace(reveal(inst, why), correct=correct)
+
+
+def flow(text: str) -> str:
+    """YAML block text as prose: the lines of a paragraph joined, paragraphs kept apart (the terminal wraps)."""
+    return "\n".join(" ".join(p.split()) for p in text.strip().split("\n\n"))
 
 
 def _right_letters(inst: Instance) -> str:

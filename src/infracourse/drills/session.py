@@ -110,7 +110,8 @@ def render(inst: Instance, number: int, total: int) -> str:
     head = f"[{number}/{total}] {q.week} · {q.topic} · {q.kind}"
     lines = [head, inst.prompt]
     if q.numeric:
-        lines.append(f"(answer in {q.unit} or any unit of its kind, within ±{q.tolerance:.0%}; `skip` shows it)")
+        lines.append(f"(a bare number is read in {q.unit}; a unit of the same kind is converted; within "
+                     f"±{engine.tolerance(q)}; `skip` shows the answer)")
     else:
         lines += [f"  {engine.LETTERS[i]}) {text}" for i, text in enumerate(inst.shown_options)]
         lines.append({"choice": "(one letter)", "multi": "(every right letter, e.g. a c)",
@@ -125,3 +126,23 @@ def explain(outcome: Outcome) -> str:
 
 def seed_from(given: int | None) -> int:
     return given if given is not None else engine.new_seed()
+
+
+def by_topic(history: list[dict]) -> dict[str, list[int]]:
+    """topic -> [right, answered] over every drill answer recorded (the self-test aside)."""
+    score: dict[str, list[int]] = {}
+    for row in history:
+        score.setdefault(row["topic"], [0, 0])[0] += row["correct"]
+        score[row["topic"]][1] += 1
+    return dict(sorted(score.items()))
+
+
+def history_line(history: list[dict]) -> str:
+    """One line for `status`: how the drills went, and the weakest topic."""
+    if not history:
+        return "drills: none yet — `infracourse drill` practises the estimates and concepts of your unlocked weeks"
+    scores = by_topic(history)
+    right = sum(r for r, _ in scores.values())
+    weakest = min(scores.items(), key=lambda item: (item[1][0] / item[1][1], -item[1][1]))
+    return (f"drills: {right}/{len(history)} right over {len(scores)} topics; weakest {weakest[0]} "
+            f"({weakest[1][0]}/{weakest[1][1]}) — `infracourse drill` brings misses back first")
