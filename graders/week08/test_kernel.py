@@ -6,6 +6,8 @@ softmax_cuda.cu ran (the profiler, run in the worker around the learner's call: 
 CUDA C++ route on a CPU: softmax_cuda.cu compiles with nvcc, as torch.utils.cpp_extension would compile its
 kernel part, and the compiled kernel loads, exponentiates and stores; blocked where there is no nvcc. nvcc
 runs in the worker too: compiling the learner's source is running their build, which stays in the sandbox.
+Either route passes only when the judge's own reading of the learner's files (grading.provenance) finds no
+construct that reaches the worker's records, and, on the Triton route, softmax reaching a kernel launch.
 """
 import re
 
@@ -14,6 +16,7 @@ import torch
 
 from infracourse.grading.plugin import BLOCKED_PREFIX
 from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.provenance import require_clean_sources
 from infracourse.guard import CallRecord, LabCheckFailed, run_watched
 from infracourse.kit.probes import ptx_entries
 
@@ -29,6 +32,8 @@ def test_kernel_did_work(module, route, device, learner):
         _cuda_kernel_ran(module, learner)
     else:
         _compile_check(learner)
+    if route == "cuda":  # the worker's records and probes pass only with the judge's reading of the files
+        require_clean_sources(learner.root)
 
 
 def _global_functions(source: str) -> set[str]:

@@ -7,6 +7,7 @@ import torch
 
 from infracourse.compare import assert_close, assert_grad_close, relative_error
 from infracourse.grading.inputs import dtype_name as _name
+from infracourse.grading.provenance import require_own_kernel
 from infracourse.grading.protocol import WorkerObject
 from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
                                run_watched)
@@ -168,6 +169,7 @@ def test_kernel_did_work(rms, learner, device, reference):
                 replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
     check_watched_backward(rms, learner, x, weight, torch.randn(16, 96, device=device), reference,
                            "x (16, 96) fp32", require_kernel=True)
+    require_own_kernel(rms.rms_norm, backward=True)  # the judge's reading: forward and backward launch kernels
 
 
 @pytest.mark.check("model-integration")

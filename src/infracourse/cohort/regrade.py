@@ -31,6 +31,7 @@ from infracourse import sandbox
 from infracourse.cohort.bundle import lab_of, parse_bundle
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.course import Course
+from infracourse.grading.provenance import native_code_allowed, read_sources
 from infracourse.grading.results import CheckResult, GradeResult
 from infracourse.grading.runner import grade
 from infracourse.hardware import Hardware, cached_ceilings, detect
@@ -137,6 +138,9 @@ def grade_submission(course: Course, submission_id: int, week: str, data: Callab
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 (folder / name).write_bytes(content)
             verified = grade(course, lab, folder, hardware=hardware, timeout_scale=timeout_scale)
+            # flagged for the instructor whatever the checks say: such code may have rewritten the worker's records
+            native = native_code_allowed(lab.spec.files)
+            verified.provenance = [str(f) for f in read_sources(folder, native_code=native)]
         same_machine = _machine(bundle.manifest.environment) == _machine(environment)
         disagreements = compare(bundle.results, verified, same_machine=same_machine)
         return Outcome(submission_id, verified, environment, ceilings and asdict(ceilings), disagreements)

@@ -201,6 +201,9 @@ class GradeResult:
     grader_version: str = ""
     sandboxed: bool = True  # learner code ran in the sandbox (infracourse.sandbox); False: it could not, here
     partial: bool = False  # only some checks were graded (`grade --check`/`-k`): never completes the week
+    # constructs of the learner's files that reach the grading worker's internals (grading.provenance), as
+    # `cohort regrade` read them: for the instructor to look at, whatever the checks say
+    provenance: list[str] = field(default_factory=list)
 
     def count(self, status: str) -> int:
         return sum(c.status == status for c in self.checks)

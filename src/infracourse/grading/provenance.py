@@ -1,0 +1,131 @@
+"""The judge's own reading of the learner's sources: what records from the learner's process cannot prove.
+
+The worker's records (ops dispatched, kernels launched, data flow) are made in the process that runs the
+learner's code, so a file that reaches the worker's internals can rewrite them. This module reads the files of
+the snapshot with `ast` (it never imports or runs them) and reports, each as a `Finding` (file, line,
+construct, fix):
+- forbidden constructs (`scan_sources`): what reaches the worker's internals or hides code from this reading
+  (frames, `gc`/`inspect` of objects, `sys.modules`, `__main__`, ctypes, exec/eval/compile of computed code,
+  computed imports, patching builtins or modules it did not define, code-reaching dunders, the engine's own
+  modules outside `infracourse.kit`, /proc/self/mem, signal handlers, tracing and audit hooks), and files
+  Python would load that are not source (an extension module, bytecode);
+- for a kernel lab (`grading.kernel_reach`), a graded function that reaches no `@triton.jit` launch.
+
+Verdicts (a grader calls one of these; each raises `LabCheckFailed` with the first finding, on one line):
+- `require_own_kernel(fn)`, in a kernel lab's kernel-did-work (guard.run_watched calls it) and timed checks;
+- `require_clean_sources(learner_dir)`, in any check that rests on what the worker recorded.
+`cohort regrade` stores `read_sources(...)` with each result, for the instructor.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from infracourse.guard import LabCheckFailed
+
+# Files Python could import or run from the snapshot that are not source this reading can check.
+OPAQUE_SUFFIXES = (".so", ".pyd", ".pyc", ".pyo", ".dylib", ".zip", ".egg", ".whl")
+NATIVE_SOURCES = (".c", ".cc", ".cpp")  # a lab that hands these out is about calling native code (week 1)
+
+
+@dataclass(frozen=True)
+class Finding:
+    file: str       # relative to the snapshot
+    line: int
+    construct: str  # what was found, as written or named
+    fix: str        # one sentence a learner can act on
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.construct}: {self.fix}"
+
+
+def native_code_allowed(lab_files: list[str]) -> bool:
+    """Loading a native library (ctypes, cffi) is the lab's subject when it hands out a C source to build."""
+    return any(name.endswith(NATIVE_SOURCES) for name in lab_files)
+
+
+def read_sources(learner_dir: Path, *, native_code: bool = False) -> list[Finding]:
+    """Every forbidden construct in the snapshot's files, in file and line order."""
+    files = _learner_files(Path(learner_dir))
+    return list(_scan_cached(Path(learner_dir).resolve(), files, native_code))
+
+
+def require_clean_sources(learner_dir: Path, *, native_code: bool = False) -> None:
+    """Fail when the learner's files hold a construct that reaches the grading worker's internals: a check
+    that rests on the worker's records calls this first (the records could have been rewritten)."""
+    _refuse(read_sources(learner_dir, native_code=native_code))
+
+
+def require_own_kernel(fn, graded: str | None = None, *, backward: bool = False) -> None:
+    """Fail unless the learner's files are clean (`read_sources`) and the graded function reaches a
+    `@triton.jit` kernel launch in its own call graph (grading.kernel_reach).
+
+    `fn` is the learner's function as the judge holds it (a grading.remote.RemoteObject: `ops.add`); the
+    snapshot is its worker's, and `graded` ('vector_ops.add') defaults to the name it was reached by. An
+    object a course probe built in the worker (kit.probes.ForwardBackward) has no such name: its files are
+    still scanned. With `backward`, every torch.autograd.Function it applies must launch a kernel in forward
+    and in backward. A local function (the engine's own tests) is not learner code and passes.
+    perf.timed(require_kernel=True) calls it as `require_own_kernel(fn)`, after the timed batch's checks."""
+    from infracourse.grading.kernel_reach import kernel_findings
+    from infracourse.grading.remote import RemoteObject
+
+    if not isinstance(fn, RemoteObject):
+        return
+    root = fn._worker.learner_dir
+    findings = read_sources(root)
+    graded = graded or _import_path(fn)
+    if not findings and graded is not None:
+        findings = kernel_findings(root, graded, backward=backward)
+    _refuse(findings)
+
+
+def _refuse(findings: list[Finding]) -> None:
+    if not findings:
+        return
+    more = f" (and {len(findings) - 1} more: {', '.join(f'{f.file}:{f.line}' for f in findings[1:4])})" \
+        if len(findings) > 1 else ""
+    raise LabCheckFailed(f"{findings[0]}{more}. The grader reads your files before it trusts what the grading "
+                         "worker recorded")
+
+
+def _import_path(fn) -> str | None:
+    """'module.attr.attr' for an object the judge reached from an imported learner module by attribute."""
+    parts, node = [], fn
+    while node._origin is not None and node._origin[0] != "import":
+        node, attribute = node._origin
+        parts.append(attribute)
+    if node._origin is None:
+        return None
+    return ".".join([node._origin[1], *reversed(parts)])
+
+
+def _learner_files(root: Path) -> tuple[tuple[str, int, int], ...]:
+    """(relative path, size, mtime) of every regular file: the cache key of one snapshot's reading."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+            stat = path.stat()
+            found.append((path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=32)
+def _scan_cached(root: Path, files: tuple, native_code: bool) -> tuple[Finding, ...]:
+    from infracourse.grading.forbidden import scan_module
+
+    findings: list[Finding] = []
+    for rel, _size, _mtime in files:
+        if rel.endswith(OPAQUE_SUFFIXES) or re.search(r"\.so(\.\d+)*$", rel):
+            findings.append(Finding(rel, 1, "a compiled or archived file Python can load",
+                                    "submit source only (.py, and the .c/.cu the lab asks for); remove it"))
+        elif rel.endswith(".py"):
+            text = (root / rel).read_text(errors="replace")
+            try:
+                tree = ast.parse(text, filename=rel)
+            except SyntaxError:
+                continue  # it cannot be imported either: the worker reports the error when it tries
+            findings += scan_module(tree, rel, native_code=native_code)
+    return tuple(sorted(findings, key=lambda f: (f.file, f.line)))
