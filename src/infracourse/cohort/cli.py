@@ -213,12 +213,23 @@ def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
     for r in done:
         verified = f"error: {r.error}" if r.error else _passed(r.verified)
         table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported) if r.self_reported else "",
-                      verified + ("" if r.verified.sandboxed else " (unsandboxed)"), export.describe(r.disagreements))
+                      verified + ("" if r.verified.sandboxed else " (unsandboxed)") + _flagged(r.verified.provenance),
+                      export.describe(r.disagreements))
     console.print(table)
     errors = [r for r in done if r.error]
     if errors:
         console.print(f"[red]{len(errors)} submission(s) could not be graded[/red] (recorded as error; the others "
                       "were graded). Fix the cause, then `cohort regrade --again --learner ID --week W`.")
+
+
+def _flagged(findings: list[str]) -> str:
+    """The regrade table's note of constructs that reach the grading worker (grading.provenance): read the file.
+    Each finding reads 'file:line: construct: fix'; the table shows where and what."""
+    if not findings:
+        return ""
+    where, construct = (findings[0].split(": ", 2) + [""])[:2]
+    more = f"; {len(findings) - 1} more" if len(findings) > 1 else ""
+    return f" (flagged: {where} {construct}{more}: read the file)"
 
 
 @cohort_app.command("export")
