@@ -329,3 +329,30 @@ def test_week07_forged_records_fail_kernel_did_work_and_the_reference_passes(gra
     assert kernel.message.startswith("vector_ops.py:9: sys.modules: import what you need by name"), kernel.message
     _, reference = grade_lab("week07")
     assert reference["kernel-did-work"].status == "passed", reference["kernel-did-work"].message
+
+
+# ---------------------------------------------------------------- flagged for the instructor in a regrade
+def test_regrade_stores_and_shows_the_findings_of_a_bundle(tmp_path):
+    from infracourse.cohort import regrade, synthetic
+    from infracourse.cohort.cli import _flagged
+    from infracourse.grading.results import GradeResult
+
+    course = synthetic.write_course(tmp_path / "course", weeks=1, kernel_weeks=())
+    lab, hardware = course.lab("week01"), synthetic._CPU
+    fields = dict(learner="learner000", week="week01", created_at="2026-02-01T10:00:00Z", infracourse_version="x",
+                  graders_sha256=synthetic.graders_digest(lab), environment=hardware.as_dict(), ceilings=None)
+    claimed = synthetic.result_for(lab, hardware, None, solved=True, share=1, started_at="2026-02-01T10:00:00")
+    forged = "import sys\nsys.modules['__main__']\n" + synthetic.SOLUTION  # passes its checks, reaches the worker
+    outcomes = {}
+    for name, source in (("clean", synthetic.SOLUTION), ("forged", forged)):
+        path = synthetic.write_bundle(tmp_path / f"{name}.zip", fields, {"answer.py": source.encode()},
+                                      claimed.as_dict())
+        outcomes[name] = regrade.grade_submission(course, 1, "week01", path.read_bytes, hardware=hardware)
+    assert outcomes["clean"].verified.complete and outcomes["clean"].verified.provenance == []
+    flagged = outcomes["forged"].verified
+    assert flagged.complete, "the checks pass: the flag is for the instructor to read the file"
+    assert flagged.provenance[0].startswith("answer.py:2: sys.modules: import what you need by name")
+    stored = GradeResult.from_dict(flagged.as_dict())  # what the gradebook and a worker's Outcome carry
+    assert stored.provenance == flagged.provenance
+    assert _flagged(stored.provenance) == " (flagged: answer.py:2 sys.modules; 1 more: read the file)"
+    assert _flagged([]) == ""
