@@ -2,7 +2,8 @@
 
 For each built lab: lab.yaml loads; hints are not empty; starter/ and solution/ hold the same file names;
 no stray files (caches, editor droppings) ship; every check in lab.yaml has a grader test and every grader
-test names a known check; the syllabus' acceptance entries name existing checks; the untouched starter does
+test names a known check; the syllabus' acceptance entries name existing checks; `kit` covers what the starter
+and solution import of the course kit, and the handout names each of its modules; the untouched starter does
 not complete; the solution completes (its report stamped with this machine's environment).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from infracourse import kit_access
 from infracourse.course import Course, LabDir
 from infracourse.syllabus import CourseFileError
 
@@ -67,6 +69,7 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
     named = {c for _, checks in course.acceptance(week, track=lab.track) for c in checks}
     if named - ids:
         problems.append(f"curriculum/syllabus.yaml {week.id}: acceptance names unknown checks {sorted(named - ids)}")
+    problems += kit_access.handout_problems(where, spec.kit)
     criteria = {c.id for c in course.syllabus.completion}
     for item in spec.rubric:
         if item.criterion is not None and item.criterion not in criteria:

