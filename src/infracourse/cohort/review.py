@@ -65,9 +65,21 @@ class Review:
     def queue(self) -> list[Entry]:
         submissions = self.gradebook.latest_submissions(week=self.week)
         key = self.gradebook.meta("pseudonym_key") if self.anonymous else None
-        names = learner_names(sorted({s.learner for s in submissions}), key)
-        entries = [Entry(s, names[s.learner], r) for s in submissions if (r := rubric.rubric_of(self.course, s))]
+        names, rubric_of = learner_names(sorted({s.learner for s in submissions}), key), rubric.Rubrics(self.course)
+        entries = [Entry(s, names[s.learner], r) for s in submissions if (r := rubric_of(s))]
         return sorted(entries, key=lambda e: (e.submission.week, e.name))  # pseudonyms: an order that reveals no id
+
+    def entry(self, submission_id: int) -> Entry | None:
+        """The queue's entry of that submission (None: not in the gradebook, not the newest, or no rubric)."""
+        found = self.gradebook.submission(submission_id)
+        if found is None or found.week != (self.week or found.week):
+            return None
+        newest = self.gradebook.latest_submissions(week=found.week, learner=found.learner)
+        items = rubric.rubric_of(self.course, found)
+        if not items or [s.id for s in newest] != [submission_id]:
+            return None
+        key = self.gradebook.meta("pseudonym_key") if self.anonymous else None
+        return Entry(newest[0], learner_names([found.learner], key)[found.learner], items)
 
     def login(self, token: str, reviewer: str) -> str | None:
         """A new session for `reviewer` if `token` is the app's; None otherwise."""
@@ -163,7 +175,7 @@ def create_app(review: Review) -> FastAPI:
     def submission_file(request: Request, submission_id: int, name: str) -> Response:
         """A file the report links to (a plot of theirs), or one of the grade's plots; anything but an image is
         sent as plain text, so no learner file runs as a page."""
-        entry = next((e for e in review.queue() if e.submission.id == submission_id), None)
+        entry = review.entry(submission_id)
         if entry is None:
             return refusal(404, _not_reviewable(review, submission_id), request)
         if name.startswith("plots/") and (path := review.plots.path(submission_id, name[6:])) is not None:
@@ -184,7 +196,7 @@ def create_app(review: Review) -> FastAPI:
             body = None
         if not isinstance(body, dict) or not (body.get("base") is None or type(body.get("base")) is int):
             return refusal(422, "send the score as a JSON object {points, comment, base}", request)
-        entry = next((e for e in review.queue() if e.submission.id == submission_id), None)
+        entry = review.entry(submission_id)
         if entry is None:
             return refusal(404, _not_reviewable(review, submission_id), request)
         try:

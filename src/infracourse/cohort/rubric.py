@@ -48,6 +48,20 @@ def rubric_of(course: Course, submission: Submission) -> list[RubricItem]:
         return []  # a week this course no longer builds: nothing to score it against
 
 
+class Rubrics:
+    """rubric_of with each (week, track) read once: lab.yaml takes ~8 ms to load, so a queue of 500 would
+    take seconds. Make one per request, so an edit of lab.yaml shows at the next page."""
+
+    def __init__(self, course: Course):
+        self.course, self._read = course, {}
+
+    def __call__(self, submission: Submission) -> list[RubricItem]:
+        key = (submission.week, submission.track)
+        if key not in self._read:
+            self._read[key] = rubric_of(self.course, submission)
+        return self._read[key]
+
+
 def max_points(rubric: list[RubricItem]) -> int:
     return sum(item.max_points for item in rubric)
 
@@ -99,8 +113,9 @@ def status(gradebook: Gradebook, course: Course, *, week: str | None = None) -> 
     for score in gradebook.scores():
         scores[score.submission_id].append(score)
     weeks: dict[str, list] = defaultdict(list)
+    rubric_of_ = Rubrics(course)
     for submission in gradebook.latest_submissions(week=week):
-        rubric = rubric_of(course, submission)
+        rubric = rubric_of_(submission)
         if rubric:
             weeks[submission.week].append((rubric, by_reviewer(scores[submission.id])))
     remaining = []
@@ -124,9 +139,9 @@ def review_columns(gradebook: Gradebook, course: Course) -> dict[tuple[str, str]
     scores = defaultdict(list)
     for score in gradebook.scores():
         scores[score.submission_id].append(score)
-    columns = {}
+    columns, rubric_of_ = {}, Rubrics(course)
     for submission in gradebook.latest_submissions():
-        items = rubric_of(course, submission)
+        items = rubric_of_(submission)
         if not items:
             continue
         reviewers = by_reviewer(scores[submission.id]).values()
@@ -137,3 +152,23 @@ def review_columns(gradebook: Gradebook, course: Course) -> dict[tuple[str, str]
                         "items": {i: {"points": s.points, "comment": s.comment, "scored_at": s.scored_at}
                                   for i, s in sorted(r.current.items())}} for r in reviewers]}
     return columns
+
+
+def feedback(gradebook: Gradebook, course: Course) -> dict[tuple[str, str], list[dict]]:
+    """What `cohort publish --feedback` shows on a learner's own page, per learner x week (their newest
+    submission): each finished reviewer's scores, in rubric order, with the level's description and the
+    comment. Reviewers are numbered, not named; a reviewer still scoring is left out."""
+    scores = defaultdict(list)
+    for score in gradebook.scores():
+        scores[score.submission_id].append(score)
+    shown, rubric_of_ = {}, Rubrics(course)
+    for submission in gradebook.latest_submissions():
+        items = rubric_of_(submission)
+        finished = [r for r in by_reviewer(scores[submission.id]).values() if r.finished(items)]
+        if finished:
+            shown[submission.learner, submission.week] = [
+                {"points": r.total(items), "max": max_points(items),
+                 "items": [{"title": i.title, "points": r.current[i.id].points, "max": i.max_points,
+                            "level": i.levels.get(r.current[i.id].points, ""), "comment": r.current[i.id].comment}
+                           for i in items]} for r in finished]
+    return shown
