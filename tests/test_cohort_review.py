@@ -277,3 +277,43 @@ def test_status_export_and_lms_carry_the_review_points(cohort, tmp_path):
     column = table[0].index("infracourse week01 review: Answer 1")
     assert table[1][column] == "5"  # Points Possible: the rubric's maximum
     assert [r[column] for r in table[2:] if r[0] == by_id[first]] == ["3.5"]
+
+
+def test_cli_status_prints_what_remains_and_review_serves_what_it_was_asked(cohort, monkeypatch):
+    from typer.testing import CliRunner
+
+    from infracourse.cli import app
+    from infracourse.cohort import review
+
+    book, course = cohort
+    monkeypatch.setenv("INFRACOURSE_COURSE", str(course.root))
+    book.record_score(_week01(book)[0], "ada", "conclusion", 2, "", base=None)
+    book.record_score(_week01(book)[0], "ada", "limits", 0, "", base=None)
+    result = CliRunner().invoke(app, ["cohort", "review", "--status", "-g", str(book.path)], catch_exceptions=False)
+    assert result.exit_code == 0 and "week01" in result.output and "ada 1" in result.output, result.output
+    served_with = {}
+    monkeypatch.setattr(review, "serve", lambda app_, **kw: served_with.update(app=app_, **kw))
+    result = CliRunner().invoke(app, ["cohort", "review", "--week", "1", "--reviewer", "bob", "--port", "8765",
+                                      "-g", str(book.path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert (served_with["app"].week, served_with["app"].anonymous, served_with["port"], served_with["reviewer"]) == \
+        ("week01", True, 8765, "bob")
+
+
+def test_published_feedback_shows_each_learner_only_their_finished_reviews(cohort, tmp_path):
+    from infracourse.cohort.publish import publish
+
+    book, course = cohort
+    first, second, _ = _week01(book)
+    learner = {s.id: s.learner for s in book.latest_submissions()}
+    book.record_score(first, "ada", "conclusion", 2, "<script>alert(1)</script> well argued", base=None)
+    book.record_score(first, "ada", "limits", 1, "", base=None)
+    book.record_score(second, "bob", "conclusion", 1, "unfinished review", base=None)
+    plain = publish(book, course, tmp_path / "plain")
+    assert "well argued" not in (plain / "learners" / f"{learner[first]}.html").read_text()
+    site = publish(book, course, tmp_path / "site", feedback=True)
+    page = (site / "learners" / f"{learner[first]}.html").read_text()
+    assert "Review: 3/5 points" in page and "&lt;script&gt;alert(1)&lt;/script&gt; well argued" in page
+    assert "argued from the figures" in page  # the level's description
+    others = "".join(p.read_text() for p in (site / "learners").glob("*.html") if p.stem != learner[first])
+    assert "well argued" not in others and "unfinished review" not in others

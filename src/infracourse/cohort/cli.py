@@ -273,12 +273,14 @@ def publish_(out: Path = typer.Option(..., "--out", help="Folder for the static 
              stuck_attempts: int = typer.Option(3, "--stuck-attempts", min=1, help="Stuck: the same check failed "
                                                 "in this many submissions in a row."),
              idle_days: int = typer.Option(7, "--idle-days", min=1, help="Stuck: no submission for this many days."),
+             feedback: bool = typer.Option(False, "--feedback", help="Show each learner, on their own page, the "
+                                           "rubric scores and comments of `cohort review` (finished reviews only)."),
              gradebook_file: Path = GradebookOpt):
     """Write the cohort site: learners x weeks dashboard, who is stuck, week pages, learner drill-downs,
     kernel-week leaderboards (works from file://)."""
     with _reported():
         site = publish.publish(gradebook.Gradebook(gradebook_file), Course(), out, pseudonyms=pseudonyms,
-                               stuck_attempts=stuck_attempts, idle_days=idle_days)
+                               stuck_attempts=stuck_attempts, idle_days=idle_days, feedback=feedback)
     console.print(escape(f"site written to {site}; open {(site / 'index.html').resolve().as_uri()}"))
 
 

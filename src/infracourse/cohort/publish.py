@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import jinja2
 
+from infracourse.cohort import rubric
 from infracourse.cohort.export import document, row
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.standing import Cohort, Stuck, WeekInfo, cohort_standing, stuck
@@ -52,7 +53,7 @@ class PublishError(Exception):
 
 
 def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool = False,
-            now: datetime | None = None, stuck_attempts: int = 3, idle_days: int = 7) -> Path:
+            now: datetime | None = None, stuck_attempts: int = 3, idle_days: int = 7, feedback: bool = False) -> Path:
     """Render the cohort site into `out` (replacing an earlier site there, never other files).
 
     A learner is listed as stuck when the same check failed in each of their last `stuck_attempts`
@@ -67,6 +68,7 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
     stuck_of: dict[str, list[Stuck]] = {}
     for s in stuck_list:
         stuck_of.setdefault(s.learner, []).append(s)
+    reviews = rubric.feedback(gradebook, course) if feedback else {}  # each learner's page: their own only
     names = learner_names(cohort.learners, gradebook.meta("pseudonym_key") if pseudonyms else None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -84,7 +86,8 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
         cells = [cohort.cell(learner, w.id) for w in cohort.built_weeks()]
         pages[f"learners/{names[learner]}.html"] = env.get_template("learner.html.j2").render(
             root="../", learner=learner, cells=cells, weeks={w.id: w for w in cohort.weeks},
-            stuck=stuck_of.get(learner, []), last=cohort.last_activity(learner), attempts=stuck_attempts)
+            stuck=stuck_of.get(learner, []), last=cohort.last_activity(learner), attempts=stuck_attempts,
+            feedback={w.id: reviews[learner, w.id] for w in cohort.built_weeks() if (learner, w.id) in reviews})
     data = document(cohort, [{**row(cohort.cell(l, w.id)), "learner": names[l]}
                              for l in cohort.learners for w in cohort.built_weeks()])
     data["learners"] = [names[l] for l in cohort.learners]
