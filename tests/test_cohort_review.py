@@ -317,3 +317,35 @@ def test_published_feedback_shows_each_learner_only_their_finished_reviews(cohor
     assert "argued from the figures" in page  # the level's description
     others = "".join(p.read_text() for p in (site / "learners").glob("*.html") if p.stem != learner[first])
     assert "well argued" not in others and "unfinished review" not in others
+
+
+def test_a_learner_reads_their_published_feedback_with_their_secret(cohort, tmp_path):
+    from typer.testing import CliRunner
+
+    from infracourse.cli import app
+    from infracourse.cohort.publish import publish
+    from infracourse.cohort.roster import Learner
+
+    book, course = cohort
+    first, second, _ = _week01(book)
+    learner = {s.id: s.learner for s in book.latest_submissions()}
+    book.import_roster([Learner(learner[first], "Ada", "ada@uni.example"), Learner(learner[second], "Bo", "b@x")])
+    keys = {who.id: key for who, key in book.roster()}
+    book.record_score(first, "ada", "conclusion", 2, "[red]well[/red] argued", base=None)
+    book.record_score(first, "ada", "limits", 1, "", base=None)
+    site = publish(book, course, tmp_path / "site", feedback=True)
+    assert len(list((site / "feedback").iterdir())) == 1  # only a finished review is handed out
+    assert not any(learner[first] in p.name for p in (site / "feedback").iterdir())
+    for who in (first, second):
+        (tmp_path / f"{who}.secret").write_text(f"infracourse-secret:1:{learner[who]}:{keys[learner[who]]}\n")
+    read = lambda who, *more: CliRunner().invoke(app, ["feedback", "week01", "--site", str(site), "--secret-file",
+                                                      str(tmp_path / f"{who}.secret"), *more], catch_exceptions=False)
+    result = read(first)
+    assert result.exit_code == 0 and "3/5 points" in result.output and "[red]well[/red] argued" in result.output, \
+        result.output
+    result = read(second)
+    assert result.exit_code == 2 and "no feedback for you" in result.output
+    [path] = (site / "feedback").iterdir()
+    path.write_text(path.read_text().replace('"points": 2', '"points": 99'))  # changed after publishing
+    result = read(first)
+    assert result.exit_code == 2 and "not feedback signed for your secret" in result.output

@@ -37,6 +37,7 @@ class _Group(TyperGroup):
 
     LAZY = {"submit": "Bundle a week's files with your last grade and this machine's facts, for your instructor.",
             "release": "Write a learner copy of the course with no reference solution in it.",
+            "feedback": "Your instructor's rubric scores and comments on a week, once they publish them.",
             "cohort": "For instructors: a gradebook of a cohort's submissions, regraded, exported, published."}
     _listing = False
 
@@ -137,11 +138,12 @@ def _command(*args, **kwargs):
 
 
 def _instructor_commands() -> dict:
-    from infracourse.cohort.cli import cohort_app, release_command, submit_command
+    from infracourse.cohort.cli import cohort_app, feedback_command, release_command, submit_command
 
     holder = typer.Typer()
     holder.command("submit")(_guarded(submit_command))
     holder.command("release")(_guarded(release_command))
+    holder.command("feedback")(_guarded(feedback_command))
     holder.add_typer(cohort_app, name="cohort")
     return typer.main.get_group(holder).commands
 

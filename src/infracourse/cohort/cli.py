@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from infracourse.cohort import bundle, certificates, deadlines, export, gradebook, publish, regrade, release, roster
+from infracourse.cohort import bundle, certificates, deadlines, export, feedback, gradebook, publish, regrade, release
+from infracourse.cohort import roster
 from infracourse.cohort import rubric, similarity
 from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
@@ -29,7 +30,7 @@ console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
 FAILURES = (regrade.UnsandboxedError, cluster.SlurmError, roster.RosterError, deadlines.DeadlineError,
             bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
-            publish.PublishError, certificates.CertificateError, rubric.RubricError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
+            publish.PublishError, certificates.CertificateError, rubric.RubricError, feedback.FeedbackError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
                             help="The gradebook file (default: gradebook.db in the current folder).")
 
@@ -69,6 +70,42 @@ def submit_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
         ws = Workspace.find(workspace)
         path = bundle.submit(ws, Course(track=ws.track), week, learner=learner, secret_file=secret_file)
     print(path)
+
+
+def feedback_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
+                     site: str = typer.Option(..., "--site", help="The course site your instructor published: its "
+                                              "folder or its https:// address."),
+                     secret_file: Optional[Path] = typer.Option(None, "--secret-file", help="The secret your "
+                                                                "instructor sent you (default: `secret:` in the "
+                                                                "workspace's .infracourse/config.yaml)."),
+                     workspace: Optional[Path] = typer.Option(None, "--workspace", "-w",
+                                                              help="Workspace folder (default: found from here).")):
+    """Your instructor's rubric scores and comments on a week, once they publish them (`cohort publish
+    --feedback`); only your secret finds and checks them."""
+    from infracourse.syllabus import normalise_week
+
+    with _reported():
+        week = normalise_week(week)
+        if secret_file is not None:
+            _, key = roster.parse_secret(secret_file.read_text())
+        else:
+            ws = Workspace.find(workspace)
+            found = bundle._secret(ws, bundle._config(ws), None)
+            if found is None:
+                raise roster.RosterError(f"{ws.meta / 'config.yaml'} has no `secret:` line: pass --secret-file with "
+                                         "the secret your instructor sent you")
+            _, key = found
+        reviews = feedback.read(site, key, week)
+    if not reviews:
+        console.print(f"No finished review of {week} yet (your other weeks' reviews are published).")
+    for number, review in enumerate(reviews, start=1):
+        table = Table(title=f"{week}, review {number} of {len(reviews)}: {review['points']}/{review['max']} points")
+        for column in ("rubric item", "points", "comment"):
+            table.add_column(column, overflow="fold")
+        for item in review["items"]:
+            table.add_row(escape(f"{item['title']} ({item['level']})"), f"{item['points']}/{item['max']}",
+                          escape(item["comment"]))
+        console.print(table)
 
 
 @cohort_app.command("init")

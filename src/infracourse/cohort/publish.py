@@ -30,6 +30,7 @@ from urllib.parse import quote
 import jinja2
 
 from infracourse.cohort import rubric
+from infracourse.cohort.feedback import pages as feedback_files
 from infracourse.cohort.export import document, row
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.standing import Cohort, Stuck, WeekInfo, cohort_standing, stuck
@@ -94,6 +95,8 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
     pages["cohort.json"] = json.dumps(data) + "\n"  # compact: for tools (the C encoder is 5x faster)
     for asset in ("style.css", "dashboard.js"):
         pages[asset] = (TEMPLATES / asset).read_text(encoding="utf-8")
+    if feedback:  # each learner's file, found and checked with their own secret (infracourse feedback WEEK)
+        pages |= feedback_files({who.id: bytes.fromhex(key) for who, key in gradebook.roster()}, reviews)
     pages[SITE_MARKER] = "written by `infracourse cohort publish`; the next publish replaces this folder\n"
     _write_site(out, pages)
     return out
