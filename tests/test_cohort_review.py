@@ -174,11 +174,13 @@ def test_the_app_needs_its_token_and_answers_on_localhost_only(cohort):
         connection.request("GET", "/", headers={"Host": "attacker.example", "Cookie": f"{cookie.name}={cookie.value}"})
         reply = connection.getresponse()
         assert reply.status == 403 and b"only on localhost" in reply.read()  # DNS rebinding: a foreign Host
-        connection.request("PUT", f"/api/submissions/{_week01(book)[0]}/scores/conclusion",
-                           body=json.dumps({"points": 2, "base": None}),
-                           headers={"Cookie": f"{cookie.name}={cookie.value}", "Origin": "https://evil.example",
-                                    "Content-Type": "application/json"})
-        assert connection.getresponse().status == 403
+        for origin in ("https://evil.example", f"http://127.0.0.1:{sock.getsockname()[1] + 1}"):  # another app
+            connection.request("PUT", f"/api/submissions/{_week01(book)[0]}/scores/conclusion",
+                               body=json.dumps({"points": 2, "base": None}),
+                               headers={"Cookie": f"{cookie.name}={cookie.value}", "Origin": origin,
+                                        "Content-Type": "application/json"})
+            reply = connection.getresponse()
+            assert reply.status == 403 and b"another site" in reply.read(), origin
         assert ada.put(f"/api/submissions/{_week01(book)[0]}/scores/conclusion", {"points": 2},
                        content_type="text/plain")[0] == 415  # what a cross-site form could send
         assert not book.scores()

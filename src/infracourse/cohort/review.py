@@ -111,7 +111,7 @@ def create_app(review: Review) -> FastAPI:
         if host not in LOCAL_HOSTS:
             response = refusal(403, f"this app answers only on localhost, not {host!r}", request)
         elif request.method not in ("GET", "HEAD") and origin is not None and \
-                origin.partition("://")[2].rpartition(":")[0] not in LOCAL_HOSTS:
+                origin != f"http://{request.headers.get('host')}":  # another port of localhost is another app
             response = refusal(403, "a write from another site is refused", request)
         elif request.url.path not in ("/login", *(f"/static/{a}" for a in ASSETS)) \
                 and review.sessions.get(request.cookies.get(SESSION_COOKIE, "")) is None:
@@ -250,10 +250,11 @@ def _scores_by_submission(gradebook: Gradebook) -> dict[int, list[Score]]:
 def _row(entry: Entry, reviewers: dict[str, rubric.ReviewerScores], me: str, gradebook: Gradebook) -> dict:
     mine = reviewers.get(me) or rubric.ReviewerScores(me)
     verified = gradebook.results_of(entry.submission.id, "verified")
+    graded = verified or gradebook.results_of(entry.submission.id, "self")
     return {"entry": entry, "scored": sum(i.id in mine.current for i in entry.rubric), "items": len(entry.rubric),
             "total": mine.total(entry.rubric), "max": rubric.max_points(entry.rubric),
             "others": sum(r.finished(entry.rubric) for n, r in reviewers.items() if n != me),
-            "graded": _graded(verified[-1][1]) + " verified" if verified else "self-reported only"}
+            "graded": _graded(graded[-1][1]) + (" (your regrade)" if verified else " (self-reported)")}
 
 
 def _graded(result) -> str:
