@@ -112,3 +112,48 @@ def test_two_reviewers_score_with_the_keyboard_and_the_scores_stay(cohort, tmp_p
             if r["week"] == "week01"}
     learner = {s.id: s.learner for s in book.latest_submissions()}
     assert rows[learner[ada_sid]]["review_points"] == "5.0" and rows[learner[bob_sid]]["review_points"] == "1.0"
+
+
+def screenshot(out: Path) -> Path:
+    """docs/img/review.png: week 9 of this course, the reference files handed in, two items scored."""
+    import base64
+    import tempfile
+    from dataclasses import asdict
+
+    from infracourse import __version__
+    from infracourse.cohort import synthetic
+    from infracourse.cohort.bundle import graders_digest, write_bundle
+    from infracourse.cohort.gradebook import Gradebook
+    from infracourse.course import Course
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp, course = Path(tmp), Course()
+        lab = course.lab("week09")
+        hardware, ceilings = synthetic.DEVICES[0]
+        result = synthetic.result_for(lab, hardware, ceilings, solved=True, share=0.8, started_at="2026-03-02T10:00:00")
+        fields = dict(learner="ada", week="week09", created_at="2026-03-02T10:00:00Z", infracourse_version=__version__,
+                      graders_sha256=graders_digest(lab), environment=hardware.as_dict(), ceilings=asdict(ceilings))
+        files = {p.name: p.read_bytes() for p in lab.solution.iterdir()}
+        book = Gradebook.create(tmp / "g.db", course)
+        assert book.import_bundles([write_bundle(tmp / "a.zip", fields, files, result.as_dict())], course).committed
+        [submission] = book.latest_submissions()
+        book.record_score(submission.id, "ada", lab.spec.rubric[0].id, 2, "Both shapes placed by intensity.", base=None)
+        review, browser = Review(book, course), Chromium(tmp / "profile")
+        try:
+            with served(review) as (sock, base):
+                browser.call("Emulation.setDeviceMetricsOverride", session=True, width=1500, height=1000,
+                             deviceScaleFactor=1, mobile=False)
+                _open(browser, login_url(sock, review, "ada"))
+                _press(browser, "Enter", loads=True)
+                _press(browser, "ArrowDown")
+                _press(browser, "1")
+                _until(browser, "!document.querySelector('.unsaved')")
+                shot = browser.call("Page.captureScreenshot", session=True, format="png")["data"]
+        finally:
+            browser.close()
+    out.write_bytes(base64.b64decode(shot))
+    return out
+
+
+if __name__ == "__main__":
+    print(screenshot(Path(__file__).resolve().parents[1] / "docs" / "img" / "review.png"))
