@@ -1,7 +1,8 @@
 """What the CLI shows: tables and summaries built from course, workspace and grade data.
 
 Every piece of text that is not this module's own (messages, hints, titles, paths, ids) goes through
-`escape` before rich renders it: a learner's `[/i]` or `[bold]` is shown as typed, never read as markup.
+`escape` before rich renders it: a learner's `[/i]` or `[bold]` is shown as typed, never read as markup, and
+terminal control characters (ANSI escapes, `\r`) are removed.
 Course types are imported for annotations only, so that importing this module stays cheap.
 """
 from __future__ import annotations
@@ -10,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from infracourse.safe_text import escape  # control characters stripped, markup shown as typed
 
 if TYPE_CHECKING:
     from infracourse.course import Course

@@ -11,7 +11,6 @@ from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -20,6 +19,7 @@ from infracourse.cohort import roster
 from infracourse.cohort import rubric, similarity
 from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
+from infracourse.safe_text import escape  # every learner string shown: control characters out, markup as typed
 from infracourse.progress import ProgressError
 from infracourse.syllabus import CourseFileError
 from infracourse.workspace import Workspace, WorkspaceError
@@ -152,7 +152,7 @@ def roster_list(gradebook_file: Path = GradebookOpt):
     for column in ("id", "name", "email", "section"):
         table.add_column(column, overflow="fold")
     for learner, _ in entries:
-        table.add_row(learner.id, learner.name, learner.email, learner.section)
+        table.add_row(*map(escape, (learner.id, learner.name, learner.email, learner.section)))
     console.print(table)
 
 
@@ -242,16 +242,18 @@ def regrade_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
     with _reported():
         done = regrade.regrade(gradebook.Gradebook(gradebook_file), Course(), week=week, learner=learner,
                                again=again, allow_unsandboxed=allow_unsandboxed, workers=workers, slurm=options,
-                               on_submission=lambda s: err.print(f"[dim]regrading {s.learner} {s.week}[/dim]"),
+                               on_submission=lambda s: err.print(f"[dim]{escape(f'regrading {s.learner} {s.week}')}[/dim]"),
                                on_note=lambda note: err.print(f"[yellow]{escape(note)}[/yellow]"))
     table = Table(title=f"regraded {len(done)} submission(s)")
     for column in ("learner", "week", "self-reported", "verified", "disagreements"):
         table.add_column(column, overflow="fold")
     for r in done:
         verified = f"error: {r.error}" if r.error else _passed(r.verified)
-        table.add_row(r.submission.learner, r.submission.week, _passed(r.self_reported) if r.self_reported else "",
-                      verified + ("" if r.verified.sandboxed else " (unsandboxed)") + _flagged(r.verified.provenance),
-                      export.describe(r.disagreements))
+        table.add_row(*map(escape, (r.submission.learner, r.submission.week,
+                                    _passed(r.self_reported) if r.self_reported else "",
+                                    verified + ("" if r.verified.sandboxed else " (unsandboxed)")
+                                    + _flagged(r.verified.provenance),
+                                    export.describe(r.disagreements))))
     console.print(table)
     errors = [r for r in done if r.error]
     if errors:
@@ -298,7 +300,7 @@ def similar_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
     for column in ("week", "kind", "score", "learners", "detail"):
         table.add_column(column, overflow="fold")
     for m in matches:
-        table.add_row(m.week, m.kind, f"{m.score:.0%}", " ".join(m.learners), m.detail)
+        table.add_row(*map(escape, (m.week, m.kind, f"{m.score:.0%}", " ".join(m.learners), m.detail)))
     console.print(table)
     if out:
         console.print(escape(f"wrote {out}"))
