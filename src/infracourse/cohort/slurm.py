@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.cohort.workers import alive, own_scratch, owner_tag, scratch_root, sweep
 from infracourse.course import Course
+from infracourse.grading.output import last_lines, read_tail  # a task's log holds what its grades printed
 from infracourse.hardware import detect
 
 JOBS = ".regrade-jobs"
@@ -155,7 +156,7 @@ def _finish(job: Path, course: Course, on_note) -> Iterator:
         for entry in json.loads(path.read_text()):
             if (job / "started" / str(entry["id"])).exists():
                 log = job / "logs" / f"{path.stem}.log"
-                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) if log.is_file() else ""
+                tail = last_lines(read_tail(log), 3).replace("\n", " | ")
                 yield failed_outcome(course, entry["id"], entry["week"], f"its Slurm task {path.stem} ended while "
                                      f"grading it (time limit, memory or node failure; last log lines: {tail[-400:]})",
                                      hardware, track=entry.get("track"))
@@ -163,7 +164,7 @@ def _finish(job: Path, course: Course, on_note) -> Iterator:
                 unreached.append(f"{entry['learner']} {entry['week']}")
     if unreached and on_note:
         log = (job / "logs" / "0.log")
-        why = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) if log.is_file() else ""
+        why = last_lines(read_tail(log), 3).replace("\n", " | ")
         on_note(f"{len(unreached)} submission(s) not reached by their Slurm task, left for the next regrade: "
                 f"{', '.join(unreached[:10])}" + (f" (task 0 log: {why[-400:]})" if why else ""))
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infracourse.grading import output
+
 
 def environment(scratch: Path, **extra: str) -> dict[str, str]:
     """The grading worker's environment: the judge's own variables stripped to the few a run needs."""
@@ -42,16 +44,18 @@ def popen(command: list[str], *, snapshot: Path, scratch: Path, gpu: bool = Fals
 @dataclass
 class ScriptRun:
     command: str  # as the learner would type it
-    returncode: int | None  # None: killed at the time limit
-    output: str  # stdout and stderr together
+    returncode: int | None  # None: killed at the time limit (or at the output limit: output_cut)
+    output: str  # the end of its stdout and stderr together (output.TAIL_BYTES at most)
     wall_s: float
+    output_cut: bool = False  # it printed past output.OUTPUT_LIMIT and was killed
 
     def failure(self, limit_s: float) -> str | None:
         """None when the program ran to a clean exit; otherwise what happened, with the end of its output."""
-        if self.returncode == 0:
+        if self.returncode == 0 and not self.output_cut:
             return None
-        tail = "\n".join(self.output.strip().splitlines()[-12:])
-        what = (f"did not finish within {limit_s:.0f} s" if self.returncode is None
+        tail = output.last_lines(self.output, 12)
+        what = (f"printed too much; {output.CUT_NOTE}" if self.output_cut
+                else f"did not finish within {limit_s:.0f} s" if self.returncode is None
                 else f"exited with status {self.returncode}")
         return f"`{self.command}` {what}" + (f"; the end of its output:\n{tail}" if tail else " and printed nothing")
 
@@ -62,15 +66,19 @@ def run_script(snapshot: Path, script: str, args: list[str], *, scratch: Path, g
     scratch folder: the clean checkout a reader of their report would start from."""
     from infracourse.grading.torchrun import kill_tree
 
-    snapshot = Path(snapshot).resolve()
+    snapshot, scratch = Path(snapshot).resolve(), Path(scratch)
     started = time.perf_counter()
-    proc = popen([sys.executable, "-s", str(snapshot / script), *args], snapshot=snapshot, scratch=scratch,
-                 gpu=gpu, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    # beside the scratch, not in it: the script cannot see or replace its own log; cut past output.OUTPUT_LIMIT
+    captured = output.Capture(scratch.parent / f"{scratch.name}.script.log")
+    proc = captured.spawn(lambda log: popen([sys.executable, "-s", str(snapshot / script), *args], snapshot=snapshot,
+                                            scratch=scratch, gpu=gpu, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL))
     try:
-        output, _ = proc.communicate(timeout=timeout_s)
-        code = proc.returncode
+        code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_tree(proc)
-        output, _ = proc.communicate()
+        proc.wait()
         code = None
-    return ScriptRun(" ".join(["python", script, *args]), code, output or "", time.perf_counter() - started)
+    captured.finish()
+    return ScriptRun(" ".join(["python", script, *args]), code, captured.tail(), time.perf_counter() - started,
+                     captured.cut)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infracourse import sandbox
-from infracourse.grading import protocol
+from infracourse.grading import output, protocol
 from infracourse.grading.protocol import (COMPILE_CACHE_ENV, Decoder, Encoder, Foreign, Handle, ProtocolError,
                                          WorkerObject)
 
@@ -85,6 +85,7 @@ class Worker:
         self.released: list[tuple[int, int]] = []  # (generation, id) the judge dropped: freed with the next request
         self.callback_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infracourse-callback")
         self.log_path = self.scratch.parent / f"{self.scratch.name}.log"
+        self.output: output.Capture | None = None  # the current process's stdout and stderr
 
     # ------------------------------------------------------------------ process
     def start(self) -> None:
@@ -110,10 +111,11 @@ class Worker:
                 inside.mkdir(exist_ok=True)  # the mount point, in the worker's own scratch
             command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu,
                                    writable=((cache, inside),) if cache else ())
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         pass_fds=(to_worker, from_worker), env=env, cwd=self.scratch,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+        self.output = output.Capture(self.log_path)  # cut past output.OUTPUT_LIMIT, the worker killed
+        self.proc = self.output.spawn(lambda log: subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            pass_fds=(to_worker, from_worker), env=env, cwd=self.scratch, start_new_session=True,
+            preexec_fn=_die_with_parent))
         os.close(to_worker)
         os.close(from_worker)
 
@@ -152,6 +154,7 @@ class Worker:
                 pass
             self.proc.wait()
             self.proc = None
+            self.output.finish()  # its log is whole before a fresh worker's replaces it
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the worker's live processes and threads have run so far, read by the judge from the
@@ -193,11 +196,9 @@ class Worker:
         return time.perf_counter
 
     def output_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        if self.output is not None and (self.proc is None or self.proc.poll() is not None):
+            self.output.finish()  # it has ended: what it printed before that is in the log
+        return output.last_lines(output.read_tail(self.log_path), lines)
 
     def _death(self) -> str:
         code = self.proc.poll() if self.proc else None
@@ -211,6 +212,8 @@ class Worker:
         else:
             what = f"exited with code {code}"
         tail = self.output_tail()
+        if self.output is not None and self.output.cut:
+            what = f"printed too much; {output.CUT_NOTE}"
         return f"the process running your code {what}" + (f"; its last output:\n{tail}" if tail else "")
 
     # ------------------------------------------------------------------ requests

@@ -28,6 +28,7 @@ from typing import Callable, Iterable
 
 from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
+from infracourse.grading.output import read_tail
 from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
 from infracourse.grading.selection import with_prerequisites
@@ -82,13 +83,17 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
             settled[check.id] = _result(check, "blocked", reason)
             if on_event:
                 on_event({"event": "result", "check": check.id, "status": "blocked"})
-    with tempfile.TemporaryDirectory(prefix=f"infracourse-{lab.spec.week}-") as tmp:
+    # Everything of this grade lives in `work` (the judge's TMPDIR and pytest's basetemp too: the worker's scratch,
+    # its log, a server's or a launch's): removed when the grade ends, a check times out, or Ctrl-C stops it.
+    with tempfile.TemporaryDirectory(prefix=f"infracourse-{lab.spec.week}-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         snapshot = work / "learner"
         shutil.copytree(files_dir, snapshot, ignore=IGNORED, symlinks=True)
         (work / "pytest.ini").write_text("[pytest]\n")  # keeps the project's own pytest settings out
         env = _grader_env(hardware, files_dir)
         env.update(kit_access.environment(lab.spec.kit, lab.graders))  # every sandbox of it: this week's kit only
+        env["TMPDIR"] = str(work / "tmp")
+        (work / "tmp").mkdir()
         if compile_cache is not None:
             compile_cache.mkdir(parents=True, exist_ok=True)
             env[COMPILE_CACHE_ENV] = str(compile_cache.resolve())
@@ -151,7 +156,7 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
     read_fd, write_fd = os.pipe()
     command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
-               "-q", "--no-header", "-p", "no:cacheprovider",
+               "-q", "--no-header", "-p", "no:cacheprovider", "--basetemp", str(work / "pt"),
                "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-spec", str(spec_path),
                "--infracourse-learner", str(snapshot),
                "--infracourse-events-fd", str(write_fd),
@@ -206,7 +211,7 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
                                   f"{_signal_name(proc.returncode)}; the other checks went on")
         if on_event:
             on_event({"event": "result", "check": check.id, "status": "error"})
-    return newly, log_path.read_text(errors="replace")
+    return newly, read_tail(log_path)
 
 
 def call_limit(limit: float, call: dict, interpreted: bool) -> float:

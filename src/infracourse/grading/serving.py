@@ -23,6 +23,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from infracourse import sandbox
+from infracourse.grading import output
 from infracourse.grading.torchrun import kill_tree
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.loadgen import UnixHTTPConnection
@@ -83,15 +85,16 @@ class Server:
     log_path: Path
     base_url: str = "http://localhost"
     started_s: float = field(default=0.0)  # seconds from launch until it first answered
+    captured: output.Capture | None = field(default=None, repr=False)  # its stdout and stderr, as the judge took them
+    made: Path | None = field(default=None, repr=False)  # a scratch folder start() made for it: stop() removes it
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        if self.captured is not None and not self.alive():
+            self.captured.finish()  # it has exited: what it printed before that is in the log
+        return output.read_tail(self.log_path, chars)
 
     def last_error(self) -> str:
         """The log's last line naming an exception (`ImportError: ...`), or ''."""
@@ -101,8 +104,9 @@ class Server:
 
     def _died(self, when: str) -> str:
         error = self.last_error()
-        return (f"your server exited {when} (code {self.proc.returncode}){': ' + error if error else ''}; the end "
-                f"of its log:\n{self.log_tail()}")
+        cut = f"; {output.CUT_NOTE}" if self.captured is not None and self.captured.cut else ""
+        return (f"your server exited {when} (code {self.proc.returncode}){': ' + error if error else ''}{cut}; the "
+                f"end of its log:\n{self.log_tail()}")
 
     def require_alive(self, what: str = "") -> None:
         """ServerFailed with the log's tail when the server has exited."""
@@ -275,9 +279,10 @@ def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | N
     returns at once (see `wait_ready`)."""
     scratch = Path(scratch).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
-    uds = scratch / SOCKET_NAME
+    uds, made = scratch / SOCKET_NAME, None
     if len(str(uds)) > _MAX_SOCKET_PATH:  # a long temp folder (TMPDIR, pytest's basetemp): a short one instead
-        scratch = Path(tempfile.mkdtemp(prefix="infracourse-srv-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        scratch = made = Path(tempfile.mkdtemp(prefix="infracourse-srv-",
+                                               dir="/tmp" if os.path.isdir("/tmp") else None))
         uds = scratch / SOCKET_NAME
     if len(str(uds)) > _MAX_SOCKET_PATH:
         raise ValueError(f"socket path {uds} is longer than {_MAX_SOCKET_PATH} characters (a Unix socket's limit): "
@@ -288,11 +293,11 @@ def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | N
                "--no-access-log", "--log-level", "warning", "--timeout-graceful-shutdown", "1"]
     if sandbox.status().available:
         command = sandbox.wrap(command, snapshot=learner_dir, scratch=scratch, gpu=device == "cuda")
-    log_path = scratch / LOG_NAME
-    with log_path.open("w") as log:  # the child keeps its own handle
-        proc = subprocess.Popen(command, env=_environment(scratch, device, env), cwd=scratch, start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    return Server(str(uds), proc, log_path)
+    captured = output.Capture(scratch / LOG_NAME)  # cut past output.OUTPUT_LIMIT, the server killed
+    proc = captured.spawn(lambda log: subprocess.Popen(
+        command, env=_environment(scratch, device, env), cwd=scratch, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+    return Server(str(uds), proc, captured.path, captured=captured, made=made)
 
 
 def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
@@ -317,6 +322,8 @@ def stop(server: Server) -> None:
         server.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    if server.made is not None:
+        shutil.rmtree(server.made, ignore_errors=True)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from infracourse import sandbox
+from infracourse.grading import output
 
 RANK_FILE = "rank{rank}.pt"
 RUNTIME_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
@@ -40,17 +41,20 @@ class RanksRun:
     timed_out: bool = False
     scratch: Path | None = field(default=None, repr=False)
     attempts: int = 1           # 2: the first launch lost a rank to a runtime signal and was launched again
+    output_cut: bool = False    # the world printed past output.OUTPUT_LIMIT and was killed
 
     def died_by_signal(self) -> bool:
         """A rank died by a runtime signal (torchrun's account: SIGABRT, SIGSEGV, SIGBUS) and no rank raised a
         Python error. On a loaded 2-core machine gloo has aborted an honest rank this way about once in 20
         launches; a second launch has not repeated it."""
-        return (not self.timed_out and self.returncode != 0 and not any(self.errors)
+        return (not self.timed_out and not self.output_cut and self.returncode != 0 and not any(self.errors)
                 and any(f"({name})" in self.log for name in RUNTIME_SIGNALS))
 
     def failure(self) -> str | None:
         """A message naming what went wrong, or None when every rank returned."""
         twice = " (launched twice: both times a rank died by a signal)" if self.attempts == 2 else ""
+        if self.output_cut:
+            return f"the run printed too much; {output.CUT_NOTE}; last output:\n{self.log[-1500:]}"
         if self.timed_out:
             return f"the run did not finish within its time limit; last output:\n{self.log[-1500:]}"
         for rank, error in enumerate(self.errors):
@@ -105,8 +109,17 @@ def start_ranks(module: str, function: str, *, learner_dir: Path, world_size: in
     env.update(extra_env or {})
     if confined:
         command = sandbox.wrap(command, snapshot=Path(learner_dir).resolve(), scratch=scratch, gpu=device == "cuda")
-    return subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True, stdout=stdout or subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    def start(log) -> subprocess.Popen:
+        return subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+
+    if stdout is not None:
+        return start(stdout)
+    # beside the scratch, not in it: the world cannot see or replace its own log; cut past output.OUTPUT_LIMIT
+    captured = output.Capture(scratch.parent / f"{scratch.name}.torchrun.log")
+    proc = captured.spawn(start)
+    proc.captured = captured  # collect() reads its tail
+    return proc
 
 
 def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s: float,
@@ -121,6 +134,10 @@ def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s
         kill_tree(proc)
         log, _ = proc.communicate()
     wall = time.perf_counter() - started
+    captured = getattr(proc, "captured", None)
+    if captured is not None:
+        captured.finish()
+        log = captured.tail(8000)
     outputs, errors, probes = [], [], []
     for rank in range(world_size):
         saved = _load(scratch / "ranks" / RANK_FILE.format(rank=rank))
@@ -128,7 +145,7 @@ def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s
         errors.append(saved.get("error") if saved else None)
         probes.append(saved.get("probe") if saved else None)
     return RanksRun(proc.returncode if proc.returncode is not None else -9, outputs, errors, probes,
-                    (log or "")[-8000:], wall, timed_out, scratch)
+                    (log or "")[-8000:], wall, timed_out, scratch, output_cut=bool(captured and captured.cut))
 
 
 def run_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,
