@@ -210,16 +210,24 @@ def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dic
 
 
 def learner_files(folder: Path) -> dict[str, bytes]:
-    """The files of a week folder the grader would see (the runner's IGNORED patterns left out)."""
+    """The files of a week folder the grader would see (the runner's IGNORED patterns left out). Only regular
+    files inside the folder: a symbolic link (which could bring any file of this machine into the bundle) or a
+    special file (a FIFO would block) is refused, naming it, before anything is written."""
     if not folder.is_dir():
         raise BundleError(folder, "submit", "no such folder: unlock the week first (`infracourse unlock WEEK`)")
     files = {}
     for dirpath, dirnames, filenames in os.walk(folder):
         skip = IGNORED(dirpath, dirnames + filenames)
         dirnames[:] = sorted(d for d in dirnames if d not in skip)
-        for name in filenames:
-            if name not in skip:
-                path = Path(dirpath) / name
+        for name in dirnames + [f for f in filenames if f not in skip]:
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                raise BundleError(path, "submit", f"a symbolic link (to {os.readlink(path)}): submit sends only the "
+                                  "files inside the week folder; replace the link with a copy of the file, or delete it")
+            if name in filenames and not path.is_file():
+                raise BundleError(path, "submit", "not a regular file (a FIFO, socket or device): submit sends only "
+                                  "regular files; delete it from the week folder")
+            if name in filenames:
                 files[path.relative_to(folder).as_posix()] = path.read_bytes()
     return files
 
