@@ -90,13 +90,15 @@ def machine():
 
 @pytest.fixture
 def grade_lab(course, machine, tmp_path):
-    """grade_lab(week, source="solution"|"starter", edits={file: new_text or fn(old_text) -> new_text}, track=None).
+    """grade_lab(week, source="solution"|"starter", edits={file: new_text or fn(old_text) -> new_text}, track=None,
+    checks=None).
 
     Copies the lab's starter or solution into a fresh folder, stamps report.md with this machine's
     environment (a report is machine-specific), applies the edits, grades, and returns
-    (GradeResult, {check_id: CheckResult}). A project week (22-24) grades the project of `track`.
+    (GradeResult, {check_id: CheckResult}). A project week (22-24) grades the project of `track`; `checks`
+    grades only those checks and what they require (a partial grade, as `infracourse grade --check`).
     """
-    def _grade(week, source="solution", edits=None, stamp=True, track=None):
+    def _grade(week, source="solution", edits=None, stamp=True, track=None, checks=None):
         lab = course.lab(week, track=track)
         folder = tmp_path / f"{lab.spec.week}-{source}"
         shutil.rmtree(folder, ignore_errors=True)
@@ -107,7 +109,7 @@ def grade_lab(course, machine, tmp_path):
             path = folder / name
             new = change(path.read_text()) if callable(change) else change
             path.write_text(new)
-        result = grade(course, lab, folder, hardware=machine)
+        result = grade(course, lab, folder, hardware=machine, checks=checks)
         return result, {c.id: c for c in result.checks}
 
     return _grade
