@@ -245,6 +245,24 @@ def test_published_site_carries_no_control_characters(tmp_path):
         assert not any(control in page for control in CONTROLS)
 
 
+def test_review_app_pages_carry_no_control_characters(tmp_path):
+    """The instructor's review app (a gradebook view) shows a learner's report through the same finalize."""
+    from infracourse.cohort.review import Review
+
+    from test_cohort_review import _bundle, _course, _login, served
+
+    course = _course(tmp_path / "course")
+    book = Gradebook.create(tmp_path / "gradebook.db", course)
+    (tmp_path / "in").mkdir()
+    report = f"# Report\n\n## Conclusion and limits\n\n{HOSTILE_TEXT}\n"
+    assert book.import_bundles([_bundle(course, tmp_path / "in", "learner0", "week01", report)], course).committed
+    review = Review(book, course)
+    with served(review) as (sock, _):
+        page = _login(sock, review, "ada").get(f"/submissions/{book.latest_submissions()[0].id}/")[1]
+    assert "forged" in page
+    assert not any(control in page for control in CONTROLS)
+
+
 # ---------------------------------------------------------------- submit
 @pytest.fixture
 def graded(tmp_path):

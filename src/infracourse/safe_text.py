@@ -6,7 +6,7 @@ characters (an ANSI or OSC escape can recolour, retitle, hide text or write a li
 `\\r` can overwrite a line of the table with a forged one) and rich markup (`[bold]` restyles, `[/]` with no tag
 open raises and ends the command after its results were saved). `printable` removes the first; `escape` also
 makes markup show as typed, for everything printed through rich. HTML is escaped by Jinja's autoescape, with
-`printable` as its finalize step (cohort.publish).
+`finalize` (printable) before it, in every page made from learner data (the published site, the review app).
 """
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ def printable(text: object) -> str:
     """`text` as a string with every terminal control sequence and control character removed (tab and newline
     kept: messages have lines)."""
     return _CONTROLS.sub("", _SEQUENCES.sub("", str(text)))
+
+
+def finalize(value):
+    """Jinja's `finalize` for pages that show learner data: each value a template prints, `printable` (None kept
+    as Jinja shows it; the templates' own HTML, a macro's or tojson's, kept as HTML)."""
+    import markupsafe
+
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(printable(value))
+    return value if value is None else printable(value)
 
 
 def escape(text: object) -> str:

@@ -28,7 +28,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import jinja2
-import markupsafe
 
 from infracourse.cohort import rubric
 from infracourse.cohort.feedback import pages as feedback_files
@@ -36,7 +35,7 @@ from infracourse.cohort.export import document, row
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.standing import Cohort, Stuck, WeekInfo, cohort_standing, stuck
 from infracourse.course import Course
-from infracourse.safe_text import printable
+from infracourse.safe_text import finalize
 
 TEMPLATES = Path(__file__).parent / "templates"
 SITE_MARKER = ".infracourse-site"
@@ -75,7 +74,7 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
     names = learner_names(cohort.learners, gradebook.meta("pseudonym_key") if pseudonyms else None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             finalize=_printable)
+                             finalize=finalize)  # learner text: control characters out
     env.globals.update(name=names.get, page=lambda learner: f"learners/{quote(names[learner])}.html",
                        percent=lambda x: "" if x is None else f"{x:.0%}", title=cohort.title,
                        marks=MARKS, unsandboxed_mark=UNSANDBOXED, stuck_reason=stuck_reason, day=lambda t: t[:10],
@@ -110,13 +109,6 @@ def learner_names(learners: list[str], key: str | None) -> dict[str, str]:
     if key is None:
         return {l: l for l in learners}
     return {l: "learner-" + hmac.new(key.encode(), l.encode(), hashlib.sha256).hexdigest()[:10] for l in learners}
-
-
-def _printable(value):
-    """Every value a template shows, control characters removed (safe_text.printable) before autoescape."""
-    if isinstance(value, markupsafe.Markup):
-        return markupsafe.Markup(printable(value))  # the templates' own HTML (a macro's, tojson's): kept as it is
-    return value if value is None else printable(value)
 
 
 def _summaries(cohort: Cohort) -> list[dict]:

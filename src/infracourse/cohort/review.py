@@ -28,6 +28,7 @@ import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from infracourse import safe_text
 from infracourse.cohort import review_page, rubric
 from infracourse.cohort.gradebook import Gradebook, GradebookError, Score, ScoreConflict, Submission
 from infracourse.cohort.publish import TEMPLATES, learner_names
@@ -93,7 +94,8 @@ class Review:
 def create_app(review: Review) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
-                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                             finalize=safe_text.finalize)  # learner text: control characters out
     env.globals["title"] = review.course.syllabus.title
 
     def page(template: str, status: int = 200, **context) -> HTMLResponse:
