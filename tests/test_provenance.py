@@ -322,13 +322,30 @@ def test_week07_forged_records_fail_kernel_did_work_and_the_reference_passes(gra
     """A torch add whose watched calls the worker records as kernel launches (the guard reached through
     sys.modules) passes every record-based defence; the judge's reading fails it. The reference passes."""
     forged = (FORGERS / "forged_sys_modules.py").read_text()
-    _, checks = grade_lab("week07", edits={"vector_ops.py": forged})
-    assert checks["add-correct"].status == "passed"  # torch's answers are right: only provenance catches it
+    result, checks = grade_lab("week07", edits={"vector_ops.py": forged})
     kernel = checks["kernel-did-work"]
     assert kernel.status == "failed", (kernel.status, kernel.message)
     assert kernel.message.startswith("vector_ops.py:9: sys.modules: import what you need by name"), kernel.message
+    # torch's answers are right, but every check resting on a watched call reads the same files first
+    assert {checks[c].status for c in ("add-correct", "reduce-correct", "masks")} == {"failed"}
+    assert not result.complete
     _, reference = grade_lab("week07")
     assert reference["kernel-did-work"].status == "passed", reference["kernel-did-work"].message
+
+
+def test_a_watched_call_fails_on_the_files_an_unwatched_one_runs(tmp_path):
+    """Any check that reads a record of the worker (a watched call, in any week) reads the files first."""
+    from infracourse.grading.remote import Worker
+
+    (tmp_path / "mod.py").write_text("import gc\n_seen = len(gc.get_referrers(object))\n\ndef f(x):\n    return x\n")
+    worker = Worker(tmp_path, gpu=False)
+    try:
+        f = worker.module("mod").f
+        assert f(3) == 3
+        with pytest.raises(LabCheckFailed, match=r"^mod\.py:2: gc\.get_referrers: remove it"):
+            f.call((3,), watch={"poison": False})
+    finally:
+        worker.close()
 
 
 # ---------------------------------------------------------------- flagged for the instructor in a regrade

@@ -41,11 +41,13 @@ class Learner:
     def worker(self):
         """The sandboxed process that runs the learner's code, started on first use."""
         if self.session.worker is None:
+            from infracourse.grading.provenance import native_code_allowed
             from infracourse.grading.remote import Worker
 
             session = self.session
             worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
             worker.hung = session.hung
+            worker.native_code = native_code_allowed(session.lab.files)
             worker.on_call = lambda name, inputs="", elements=0: session.emit(
                 event="calling", check=session.current, target=name, inputs=inputs, elements=elements)
             session.worker = worker

@@ -11,9 +11,10 @@ construct, fix):
   Python would load that are not source (an extension module, bytecode);
 - for a kernel lab (`grading.kernel_reach`), a graded function that reaches no `@triton.jit` launch.
 
-Verdicts (a grader calls one of these; each raises `LabCheckFailed` with the first finding, on one line):
-- `require_own_kernel(fn)`, in a kernel lab's kernel-did-work (guard.run_watched calls it) and timed checks;
-- `require_clean_sources(learner_dir)`, in any check that rests on what the worker recorded.
+Verdicts (each raises `LabCheckFailed` with the first finding, on one line):
+- `require_clean_sources(learner_dir)`: every watched call (grading.remote) runs it on its answer, and a
+  check that rests on anything else the worker reports calls it;
+- `require_own_kernel(fn)`, in a kernel lab's kernel-did-work (guard.run_watched calls it) and timed checks.
 `cohort regrade` stores `read_sources(...)` with each result, for the instructor.
 """
 from __future__ import annotations

@@ -85,6 +85,7 @@ class Worker:
         self.released: list[tuple[int, int]] = []  # (generation, id) the judge dropped: freed with the next request
         self.callback_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infracourse-callback")
         self.log_path = self.scratch.parent / f"{self.scratch.name}.log"
+        self.native_code = False  # the lab hands out C to load with ctypes (grading.provenance.native_code_allowed)
         self.output: output.Capture | None = None  # the current process's stdout and stderr
 
     # ------------------------------------------------------------------ process
@@ -431,7 +432,8 @@ class RemoteObject:
         return self.call(args, kwargs).value
 
     def call(self, args: tuple = (), kwargs: dict | None = None, *, watch: dict | None = None) -> CallResult:
-        """Call it in the worker; `watch={'poison': True}` also records the ops and kernels it ran."""
+        """Call it in the worker; `watch={'poison': True}` also records the ops and kernels it ran. A watched
+        call then fails where the learner's files reach the worker's internals: its record could be forged."""
         import torch
 
         kwargs = kwargs or {}
@@ -441,6 +443,10 @@ class RemoteObject:
         target, generation = self._target()
         result = self._worker.request("call", {"args": tuple(args), "kwargs": dict(kwargs)}, target=target,
                                       watch=watch, alias_args=flat, generation=generation)
+        if watch is not None:
+            from infracourse.grading.provenance import require_clean_sources
+
+            require_clean_sources(self._worker.learner_dir, native_code=self._worker.native_code)
         if needs_grad:
             result.value = _bridge_autograd(self._worker, result, flat)
         return result
