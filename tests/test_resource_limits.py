@@ -228,6 +228,16 @@ def test_regrade_table_survives_a_learner_named_like_markup(monkeypatch):
     _shown_plain(out.output.replace("\n", ""))
 
 
+def test_a_command_gives_sigterm_back_to_its_caller(tmp_path, monkeypatch):
+    """Commands turn SIGTERM into Ctrl-C while they run (so a kill cleans up), and only while they run."""
+    from infracourse.cli import app
+
+    monkeypatch.setenv("INFRACOURSE_WORKSPACE", str(tmp_path / "none"))
+    before = signal.getsignal(signal.SIGTERM)
+    CliRunner().invoke(app, ["status"])
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_published_site_carries_no_control_characters(tmp_path):
     course = synthetic.write_course(tmp_path / "course", weeks=2, kernel_weeks=())
     good = synthetic.write_cohort(course, tmp_path / "bundles", learners=1, seed=8, missing=0)[0]

@@ -102,9 +102,9 @@ def _guarded(command):
     """One clear line and a non-zero exit for every failure; 'interrupted' (130) on Ctrl-C."""
     @functools.wraps(command)
     def run(*args, **kwargs):
+        on_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _terminated) if on_main else None
         try:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, _terminated)
             return command(*args, **kwargs)
         except _PASS_THROUGH:
             raise
@@ -129,6 +129,9 @@ def _guarded(command):
                 raise
             _fail(f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} (a bug in infracourse: please "
                   "report it with the output of INFRACOURSE_DEBUG=1 and the same command)", code=3)
+        finally:
+            if previous is not None:  # a caller's own handler (a test runner's) is its again
+                signal.signal(signal.SIGTERM, previous)
     return run
 
 
