@@ -190,6 +190,33 @@ def test_scratch_is_removed_when_the_grade_is_stopped(tmp_path, own_tmp, signum)
     assert list(own_tmp.iterdir()) == [], "the stopped grade left scratch behind"
 
 
+def test_a_regrade_stopped_by_ctrl_c_leaves_no_scratch(tmp_path, own_tmp):
+    """Ctrl-C (SIGINT to the terminal's process group) while a regrade runs a submission that hangs: the
+    instructor's process, its workers and their grades all stop, and no folder of theirs is left for a later
+    regrade's sweep to find."""
+    from infracourse.cohort import workers
+
+    course = synthetic.write_course(tmp_path / "course", weeks=1, kernel_weeks=())
+    bundle = synthetic.write_cohort(course, tmp_path / "bundles", learners=1, missing=0)[0]
+    hanging = {**members(bundle), "files/answer.py": b"def answer():\n    while True:\n        pass\n"}
+    book = Gradebook.create(tmp_path / "gradebook.db", course)
+    assert book.import_bundles([rezip(tmp_path / "hangs.zip", hanging, rehash=True)], course).committed
+    script = ("import sys\nfrom pathlib import Path\nfrom infracourse.cohort.gradebook import Gradebook\n"
+              "from infracourse.cohort.regrade import regrade\nfrom infracourse.course import Course\n"
+              "regrade(Gradebook(Path(sys.argv[2])), Course(Path(sys.argv[1])), workers=1)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(course.root), str(book.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    root = workers.scratch_root()
+    deadline = time.monotonic() + 90
+    while not list(root.rglob("infracourse-worker-*.log")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(root.rglob("infracourse-worker-*.log")), "the regrade never reached the learner's code"
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=60)
+    assert not root.exists() or not list(root.iterdir()), list(root.rglob("*"))[:10]
+
+
 # ---------------------------------------------------------------- learner text shown
 def _result(message: str) -> GradeResult:
     checks = [CheckResult("answers", "answer() is 42", "correctness", "cpu", "failed", message),
