@@ -33,7 +33,7 @@ _NATIVE = "this lab needs no native code: compute with Python, torch and Triton 
 
 # qualified name (or a prefix of one) -> fix
 RULES = {
-    **dict.fromkeys(["sys._getframe", "sys._current_frames", "sys._getframemodulename", "sys.exc_info",
+    **dict.fromkeys(["sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys._getframemodulename", "sys.exc_info",
                      "sys.last_traceback", "sys.last_exc", "traceback.walk_stack", "traceback.walk_tb"], _FRAMES),
     **dict.fromkeys(["inspect.currentframe", "inspect.stack", "inspect.trace", "inspect.getouterframes",
                      "inspect.getinnerframes", "inspect.getframeinfo", "inspect.getclosurevars", "inspect.getmembers",
@@ -50,7 +50,7 @@ RULES = {
     **dict.fromkeys(["ctypes.pythonapi", "ctypes.py_object", "ctypes.PyDLL", "ctypes.pydll", "ctypes.memmove",
                      "ctypes.memset", "ctypes.string_at", "ctypes.wstring_at", "ctypes.cast", "ctypes.addressof",
                      "_ctypes"], _CTYPES),
-    **dict.fromkeys(["marshal", "types.CodeType", "code.interact", "code.InteractiveInterpreter",
+    **dict.fromkeys(["marshal", "pickle.loads", "types.CodeType", "code.interact", "code.InteractiveInterpreter",
                      "code.InteractiveConsole", "code.compile_command", "codeop"], _HIDDEN),
     "builtins": _PATCH,
     "__main__": _MAIN,
@@ -65,6 +65,7 @@ FRAME_ATTRIBUTES = {"f_back", "f_globals", "f_locals", "f_builtins", "f_code", "
 CODE_DUNDERS = {"__globals__", "__code__", "__closure__", "__subclasses__", "__builtins__", "cell_contents",
                 "__getattribute__", "__self__", "__traceback__"}
 CODE_BUILTINS = {"exec", "eval", "compile", "__import__"}  # allowed only with a literal string argument
+REFLECTION = {"getattr", "setattr", "delattr", "vars"}  # judged at their call, so never passed around as values
 SETTINGS = ("torch.backends.",)  # library switches a solution may set (allow_tf32)
 PRIVATE_OWNERS = ("torch", "triton")
 PRIVATE_PUBLISHED = re.compile(r"^torch\._foreach_\w+$|^torch\._ops(\.OpOverload(Packet)?)?$")  # public in all but name
@@ -154,7 +155,8 @@ class _Reader(ast.NodeVisitor):
             self.check_name(node, self.aliases[node.id])
         elif node.id == "__builtins__":
             self.flag(node, "__builtins__", _PATCH)
-        elif node.id in CODE_BUILTINS and node.id not in self.defined and not getattr(node, "_called", False):
+        elif node.id in CODE_BUILTINS | REFLECTION and node.id not in self.defined and isinstance(node.ctx, ast.Load) \
+                and not getattr(node, "_called", False):
             self.flag(node, node.id, _HIDDEN)  # exec passed around as a value: its argument cannot be read
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -207,6 +209,12 @@ class _Reader(ast.NodeVisitor):
                 self.flag(node, f"{name.rsplit('.', 1)[1]}() of a computed name", _IMPORTS)
         elif name in ("builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.vars") and node.args:
             self.reflective(node, name[9:])
+        elif name in ("operator.attrgetter", "operator.methodcaller") and not literal:
+            self.flag(node, f"{name}() of a computed name", _HIDDEN)
+        elif name == "operator.attrgetter":
+            for attribute in node.args[0].value.split("."):
+                if attribute in FRAME_ATTRIBUTES or attribute in CODE_DUNDERS:
+                    self.flag(node, f"attrgetter({attribute!r})", _DUNDER)
         elif name == "signal.signal" and not (node.args and self.qualified(node.args[0]) in
                                               tuple(f"signal.{s}" for s in STOP_SIGNALS)):
             self.flag(node, "signal.signal() of a signal other than SIGTERM or SIGINT", _SIGNALS)
