@@ -15,10 +15,11 @@ def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = N
     return checks
 
 
-def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict, track: str | None = None) -> None:
-    """The variant fails `check_id`. Only that check and what it requires are graded (as `infracourse grade
-    --check`), so its verdict is a whole grade's in a fraction of the time; the solution's proof grades the
-    whole week."""
+def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict, track: str | None = None):
+    """The variant fails `check_id` (returned, for its message). Only that check and what it requires are graded
+    (as `infracourse grade --check`), so its verdict is a whole grade's in a fraction of the time; the
+    solution's proof grades the whole week."""
     result, checks = grade_lab(week, edits=edits, track=track, checks=[check_id])
     assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
     assert not result.complete
+    return checks[check_id]

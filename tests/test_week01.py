@@ -87,6 +87,25 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
     assert_variant_fails(grade_lab, "week01", check_id, {file: edit})
 
 
+def test_a_harness_that_never_syncs_fails_naming_sync(grade_lab):
+    """The commonest first mistake: sync() is never called, so no queued job has finished when the harness
+    returns. A failed check that names the fix, not a grader crash (an empty list of job durations)."""
+    never = lambda text: replace_once(  # noqa: E731 - both waits removed
+        "        sync()  # work queued earlier (warm-up, make_args) must not finish inside this sample\n", "")(
+        replace_once("        sync()  # an asynchronous call returns before its work is done: wait before "
+                     "reading the clock\n", "")(text))
+    check = assert_variant_fails(grade_lab, "week01", "sync-thread", {HARNESS: never})
+    assert "Call sync() after fn" in check.message, check.message
+
+
+def test_a_percentile_that_sorts_the_callers_list_fails(grade_lab):
+    """The list is reordered in the worker, where the learner's code runs: a copy sent from the judge would
+    never show it."""
+    in_place = replace_once("    ordered = sorted(samples)\n", "    samples.sort()\n    ordered = samples\n")
+    check = assert_variant_fails(grade_lab, "week01", "percentiles", {HARNESS: in_place})
+    assert "reordered the caller's list" in check.message and "sorted(samples)" in check.message, check.message
+
+
 HONEST = Path(__file__).parent / "fixtures" / "honest" / "week01"
 
 
