@@ -351,3 +351,16 @@ def test_a_learner_reads_their_published_feedback_with_their_secret(cohort, tmp_
     path.write_text(path.read_text().replace('"points": 2', '"points": 99'))  # changed after publishing
     result = read(first)
     assert result.exit_code == 2 and "not feedback signed for your secret" in result.output
+
+
+def test_a_score_of_an_item_the_rubric_dropped_is_kept_as_stale_and_never_counted(cohort):
+    book, course = cohort
+    first = _week01(book)[0]
+    book.record_score(first, "ada", "conclusion", 2, "", base=None)
+    book.record_score(first, "ada", "limits", 3, "", base=None)
+    [conclusion, _] = course.lab("week01").spec.rubric
+    ada = rubric.by_reviewer(book.scores(first))["ada"]
+    assert [s.item for s in ada.stale([conclusion])] == ["limits"]
+    assert ada.finished([conclusion]) and rubric.review_points({'ada': ada}, [conclusion]) == 2
+    with pytest.raises(rubric.RubricError, match="no rubric item 'limits'"):
+        rubric.checked_score([conclusion], "limits", 1, "")

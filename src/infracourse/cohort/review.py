@@ -148,7 +148,7 @@ def create_app(review: Review) -> FastAPI:
     @app.get("/")
     def queue(request: Request) -> Response:
         reviewer, entries = request.state.reviewer, review.queue()
-        scores = _scores_by_submission(review.gradebook)
+        scores = rubric.scores_by_submission(review.gradebook)
         rows = [_row(e, rubric.by_reviewer(scores.get(e.submission.id, [])), reviewer, review.gradebook)
                 for e in entries]
         return page("review_queue.html.j2", rows=rows, reviewer=reviewer, week=review.week,
@@ -240,13 +240,6 @@ def bound_server(review: Review, port: int = 0):
 
 def login_url(sock: socket.socket, review: Review, reviewer: str) -> str:
     return f"http://127.0.0.1:{sock.getsockname()[1]}/login?" + urlencode({"token": review.token, "reviewer": reviewer})
-
-
-def _scores_by_submission(gradebook: Gradebook) -> dict[int, list[Score]]:
-    scores: dict[int, list[Score]] = {}
-    for s in gradebook.scores():
-        scores.setdefault(s.submission_id, []).append(s)
-    return scores
 
 
 def _row(entry: Entry, reviewers: dict[str, rubric.ReviewerScores], me: str, gradebook: Gradebook) -> dict:

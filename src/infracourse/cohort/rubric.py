@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from infracourse.cohort.bundle import lab_of
 from infracourse.cohort.gradebook import Gradebook, Score, Submission
@@ -76,9 +77,9 @@ def by_reviewer(scores: list[Score]) -> dict[str, ReviewerScores]:
     return reviewers
 
 
-def review_points(scores: list[Score], rubric: list[RubricItem]) -> float | None:
+def review_points(reviewers: dict[str, ReviewerScores], rubric: list[RubricItem]) -> float | None:
     """The mean total of the reviewers who scored every item (None: no one has finished)."""
-    totals = [r.total(rubric) for r in by_reviewer(scores).values() if r.finished(rubric)]
+    totals = [r.total(rubric) for r in reviewers.values() if r.finished(rubric)]
     return round(sum(totals) / len(totals), 2) if totals else None
 
 
@@ -107,25 +108,35 @@ class Remaining:
     finished: dict[str, int]  # reviewer -> submissions they finished
 
 
-def status(gradebook: Gradebook, course: Course, *, week: str | None = None) -> list[Remaining]:
-    """What is left to review, per week with a rubric (newest submission of each learner x week)."""
-    scores = defaultdict(list)
-    for score in gradebook.scores():
-        scores[score.submission_id].append(score)
-    weeks: dict[str, list] = defaultdict(list)
+def reviewed(gradebook: Gradebook, course: Course, *, week: str | None = None
+             ) -> Iterator[tuple[Submission, list[RubricItem], dict[str, ReviewerScores]]]:
+    """(submission, its rubric, its reviewers' scores) of the newest submission of each learner x week whose
+    lab has a rubric: what --status, the export and the published feedback read."""
+    scores = scores_by_submission(gradebook)
     rubric_of_ = Rubrics(course)
     for submission in gradebook.latest_submissions(week=week):
-        rubric = rubric_of_(submission)
-        if rubric:
-            weeks[submission.week].append((rubric, by_reviewer(scores[submission.id])))
+        if items := rubric_of_(submission):
+            yield submission, items, by_reviewer(scores.get(submission.id, []))
+
+
+def scores_by_submission(gradebook: Gradebook) -> dict[int, list[Score]]:
+    scores: dict[int, list[Score]] = defaultdict(list)
+    for score in gradebook.scores():
+        scores[score.submission_id].append(score)
+    return scores
+
+
+def status(gradebook: Gradebook, course: Course, *, week: str | None = None) -> list[Remaining]:
+    """What is left to review, per week with a rubric (newest submission of each learner x week)."""
+    weeks: dict[str, list] = defaultdict(list)
+    for submission, items, reviewers in reviewed(gradebook, course, week=week):
+        weeks[submission.week].append([r.reviewer for r in reviewers.values() if r.finished(items)])
     remaining = []
-    for week_id, entries in sorted(weeks.items()):
+    for week_id, finishers in sorted(weeks.items()):
         finished: dict[str, int] = defaultdict(int)
-        for rubric, reviewers in entries:
-            for r in reviewers.values():
-                finished[r.reviewer] += r.finished(rubric)
-        remaining.append(Remaining(week_id, len(entries), sum(not any(r.finished(rubric) for r in reviewers.values())
-                                                              for rubric, reviewers in entries), dict(finished)))
+        for reviewer in (name for names in finishers for name in names):
+            finished[reviewer] += 1
+        remaining.append(Remaining(week_id, len(finishers), sum(not names for names in finishers), dict(finished)))
     return remaining
 
 
@@ -136,21 +147,14 @@ def review_columns(gradebook: Gradebook, course: Course) -> dict[tuple[str, str]
     """What `cohort export` adds per learner x week (their newest submission): `review_points` (the mean of the
     finished reviewers' totals), `review_max`, `reviewers` (how many finished) and, for JSON, `review`: each
     reviewer's current scores and comments. A week without a rubric is left out (NO_REVIEW)."""
-    scores = defaultdict(list)
-    for score in gradebook.scores():
-        scores[score.submission_id].append(score)
-    columns, rubric_of_ = {}, Rubrics(course)
-    for submission in gradebook.latest_submissions():
-        items = rubric_of_(submission)
-        if not items:
-            continue
-        reviewers = by_reviewer(scores[submission.id]).values()
+    columns = {}
+    for submission, items, reviewers in reviewed(gradebook, course):
         columns[submission.learner, submission.week] = {
-            "review_points": review_points(scores[submission.id], items), "review_max": max_points(items),
-            "reviewers": sum(r.finished(items) for r in reviewers),
+            "review_points": review_points(reviewers, items), "review_max": max_points(items),
+            "reviewers": sum(r.finished(items) for r in reviewers.values()),
             "review": [{"reviewer": r.reviewer, "finished": r.finished(items), "points": r.total(items),
                         "items": {i: {"points": s.points, "comment": s.comment, "scored_at": s.scored_at}
-                                  for i, s in sorted(r.current.items())}} for r in reviewers]}
+                                  for i, s in sorted(r.current.items())}} for r in reviewers.values()]}
     return columns
 
 
@@ -158,14 +162,9 @@ def feedback(gradebook: Gradebook, course: Course) -> dict[tuple[str, str], list
     """What `cohort publish --feedback` shows on a learner's own page, per learner x week (their newest
     submission): each finished reviewer's scores, in rubric order, with the level's description and the
     comment. Reviewers are numbered, not named; a reviewer still scoring is left out."""
-    scores = defaultdict(list)
-    for score in gradebook.scores():
-        scores[score.submission_id].append(score)
-    shown, rubric_of_ = {}, Rubrics(course)
-    for submission in gradebook.latest_submissions():
-        items = rubric_of_(submission)
-        finished = [r for r in by_reviewer(scores[submission.id]).values() if r.finished(items)]
-        if finished:
+    shown = {}
+    for submission, items, reviewers in reviewed(gradebook, course):
+        if finished := [r for r in reviewers.values() if r.finished(items)]:
             shown[submission.learner, submission.week] = [
                 {"points": r.total(items), "max": max_points(items),
                  "items": [{"title": i.title, "points": r.current[i.id].points, "max": i.max_points,
