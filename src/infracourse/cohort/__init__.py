@@ -8,5 +8,8 @@ One concept per module, in the order a term runs:
   standing   what a learner x week stands at: the one reading of the gradebook that export and publish share
   export     CSV / JSON, one row per learner x week
   publish    the static cohort site (grid, week pages, leaderboards), viewable from file://
+  rubric     hand scores of the reasoning in reports, read against each week's rubric in lab.yaml
+  review     the local web app instructors score in (`cohort review`); review_page is what it shows
+  feedback   the learner's scores and comments, published signed for them (`infracourse feedback`)
   synthetic  a generated course and cohort for previews, tests and the benchmark
 """
