@@ -3,8 +3,9 @@
 For each built lab: lab.yaml loads; hints are not empty; starter/ and solution/ hold the same file names;
 no stray files (caches, editor droppings) ship; every check in lab.yaml has a grader test and every grader
 test names a known check; the syllabus' acceptance entries name existing checks; `kit` covers what the starter
-and solution import of the course kit, and the handout names each of its modules; the untouched starter does
-not complete; the solution completes (its report stamped with this machine's environment).
+and solution import of the course kit, and the handout names each of its modules; each rubric item names a
+completion criterion of the syllabus (lab.yaml's schema checks its section and levels); the untouched starter
+does not complete; the solution completes (its report stamped with this machine's environment).
 """
 from __future__ import annotations
 
