@@ -364,3 +364,23 @@ def test_a_score_of_an_item_the_rubric_dropped_is_kept_as_stale_and_never_counte
     assert ada.finished([conclusion]) and rubric.review_points({'ada': ada}, [conclusion]) == 2
     with pytest.raises(rubric.RubricError, match="no rubric item 'limits'"):
         rubric.checked_score([conclusion], "limits", 1, "")
+
+
+def test_a_save_waiting_on_a_busy_gradebook_does_not_hold_up_the_other_reviewers(cohort):
+    book, course = cohort
+    review = Review(book, course, busy_s=3)
+    first = _week01(book)[0]
+    with served(review) as (sock, base):
+        ada, bob = _login(sock, review, "ada"), _login(sock, review, "bob")
+        replies = []
+        with closing(sqlite3.connect(book.path)) as other:  # an import or a regrade writing
+            other.execute("BEGIN IMMEDIATE")
+            waiting = threading.Thread(target=lambda: replies.append(ada.score(first, "conclusion", 2)))
+            waiting.start()
+            time.sleep(0.5)
+            started = time.monotonic()
+            assert bob.get(f"/submissions/{first}/")[0] == 200
+            assert time.monotonic() - started < 2, "bob's page waited for ada's save"
+            waiting.join(10)
+            other.execute("ROLLBACK")
+        assert replies[0][0] == 503

@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from infracourse import safe_text
 from infracourse.cohort import review_page, rubric
@@ -198,13 +199,15 @@ def create_app(review: Review) -> FastAPI:
             body = None
         if not isinstance(body, dict) or not (body.get("base") is None or type(body.get("base")) is int):
             return refusal(422, "send the score as a JSON object {points, comment, base}", request)
-        entry = review.entry(submission_id)
+        entry = await run_in_threadpool(review.entry, submission_id)
         if entry is None:
             return refusal(404, _not_reviewable(review, submission_id), request)
         try:
             points, comment = rubric.checked_score(entry.rubric, item, body.get("points"), body.get("comment", ""))
-            saved = review.gradebook.record_score(submission_id, request.state.reviewer, item, points, comment,
-                                                  base=body.get("base"), busy_s=review.busy_s)
+            # in a worker thread: a gradebook held by an import may keep this waiting busy_s, and the other
+            # reviewers' requests must not wait with it
+            saved = await run_in_threadpool(review.gradebook.record_score, submission_id, request.state.reviewer, item,
+                                            points, comment, base=body.get("base"), busy_s=review.busy_s)
         except rubric.RubricError as exc:
             return refusal(422, str(exc), request)
         except ScoreConflict as exc:
