@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FILES, JUDGE_CFG, expect_tokens, teach_from_log
 from infracourse import sandbox
+from infracourse.grading import output
 from infracourse.grading.serving import LOG_NAME, SOCKET_NAME, Server, _environment, stop
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import service_kit as sk
@@ -53,11 +54,11 @@ def test_local_run_from_clean_copy(learner, judge_model, seed, device):
         if sandbox.status().available:
             argv = sandbox.wrap(argv, snapshot=None, scratch=folder)
         env = _environment(folder, device, {**JUDGE_CFG.to_env(), "SERVICE_UDS": str(uds)})
-        log_path = folder / LOG_NAME
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(argv, env=env, cwd=folder, start_new_session=True, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT)
-        server = Server(str(uds), proc, log_path)
+        captured = output.Capture(folder / LOG_NAME)  # cut past output.OUTPUT_LIMIT, the command's session killed
+        proc = captured.spawn(lambda log: subprocess.Popen(argv, env=env, cwd=folder, start_new_session=True,
+                                                           stdin=subprocess.DEVNULL, stdout=log,
+                                                           stderr=subprocess.STDOUT))
+        server = Server(str(uds), proc, captured.path, captured=captured)
         what = (f"`{command}` (DEPLOY.md's run block), run in a fresh folder holding only your files "
                 f"({', '.join(FILES)}) with SERVICE_UDS={uds}")
         try:
