@@ -52,7 +52,7 @@ def test_unknown_week_and_planned_week(tmp_path):
     ws = tmp_path / "infra"
     invoke("init", ws)
     bad = invoke("grade", "week99", ws=ws)
-    assert bad.exit_code == 2 and "not a week" in bad.output
+    assert bad.exit_code == 2 and "'week99' is not a week" in bad.output  # both quotes: the name as typed
     planned = invoke("grade", "week20", ws=ws)
     assert planned.exit_code == 2 and "planned" in planned.output
     locked = invoke("grade", "week07", ws=ws)

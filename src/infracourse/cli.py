@@ -182,7 +182,7 @@ def _week(course, ref: Optional[str], ws=None):
     try:
         return course.week(ref)
     except KeyError as exc:
-        _fail(str(exc).strip("'\""))
+        _fail(str(exc.args[0]) if exc.args else str(exc))  # str(KeyError) quotes it: strip() ate the week's quote
 
 
 @_command()
@@ -323,6 +323,13 @@ def _record(ws, result) -> None:
     ws.save_result(result)
 
 
+def _week_folder(ws, week) -> Path:
+    folder = ws.week_dir(week)
+    if not folder.is_dir():
+        _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {week.id}`")
+    return folder
+
+
 def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = None, pattern: Optional[str] = None):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -331,9 +338,7 @@ def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = 
 
     if week.planned:
         _fail(f"{week.id} ({week.title}) is planned: there is no lab to grade yet")
-    folder = ws.week_dir(week)
-    if not folder.is_dir():
-        _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {week.id}`")
+    folder = _week_folder(ws, week)
     lab = course.lab(week)
     try:
         named = named_checks(lab.spec, checks or (), pattern)
@@ -389,9 +394,7 @@ def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
 
     ws, course = _context(workspace)
     w = _week(course, week, ws)
-    folder = ws.week_dir(w)
-    if not folder.is_dir():
-        _fail(f"{folder} does not exist: unlock the week first with `infracourse unlock {w.id}`")
+    folder = _week_folder(ws, w)
 
     def grade_once():
         result = _grade(ws, course, w, checks=check, pattern=pattern)
@@ -408,6 +411,25 @@ def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
         watch_loop(folder, grade_once, show, interval=interval)
     except KeyboardInterrupt:
         console.print("stopped watching")
+
+
+@_command()
+def run(week: Optional[str] = WeekArg,
+        command: Optional[list[str]] = typer.Argument(None, show_default=False, help="After --: your command, "
+                                                      "e.g. -- python bench.py --n 1000 (default: python)"),
+        workspace: Optional[Path] = WorkspaceOpt):
+    """Run your command on the week's files as a grade runs your code: TRITON_INTERPRET=1 without a GPU, the
+    grader's environment and sandbox. Nothing is graded; the exit code is your command's."""
+    from infracourse.grading.tryout import run_like_a_grade
+    from infracourse.hardware import detect
+
+    ws, course = _context(workspace)
+    command = list(command or [])
+    try:
+        w = _week(course, week, ws) if week is None else course.week(week)
+    except KeyError:  # not a week: the command's first word (`infracourse run -- python bench.py` in a week folder)
+        command, w = [week, *command], _week(course, None, ws)
+    raise typer.Exit(run_like_a_grade(course.lab(w), _week_folder(ws, w), command, detect()))
 
 
 @_command()
