@@ -138,11 +138,14 @@ def test_lab_yaml_rubric_is_validated_and_every_shipped_week_has_one(tmp_path):
         assert lab.spec.rubric, f"{lab.path}/lab.yaml ships no rubric"
         for item in lab.spec.rubric:
             assert item.criterion in criteria and item.section in lab.spec.report.prose, (lab.path, item.id)
+    staged = [len(course.lab(w, track="nvidia").spec.rubric) for w in ("week22", "week23", "week24")]
+    assert staged[0] < staged[1] < staged[2]  # a project's item is scored from its own week on
     spec = yaml.safe_load((Path(labs[0].path) / "lab.yaml").read_text())
-    for bad, message in (({"section": "Nowhere"}, "names section 'Nowhere'"),
+    first = spec["rubric"][0]
+    for bad, message in ((({"week": "week23"}), "only a track project's items"),({"section": "Nowhere"}, "names section 'Nowhere'"),
                          ({"levels": {1: "one", 2: "two"}}, "the lowest worth 0 points"),
                          ({"levels": {0: "only"}}, "2 to 10 levels")):
-        spec["rubric"] = [{**spec["rubric"][0], **bad}]
+        spec["rubric"] = [{**first, **bad}]
         (tmp_path / "lab.yaml").write_text(yaml.safe_dump(spec))
         with pytest.raises(CourseFileError, match=message):
             load_lab(tmp_path / "lab.yaml")

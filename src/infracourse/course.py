@@ -109,8 +109,9 @@ class Course:
         report = spec.report
         if report is not None:  # figures measured by a later week's check are asked for in that week
             report = report.model_copy(update={"figures": [f for f in report.figures if f.check is None or f.check in now]})
+        rubric = [item for item in spec.rubric if item.week is None or item.week <= week.id]  # scored from its week
         staged = spec.model_copy(update={"week": week.id, "checks": [c for c in spec.checks if c.id in now],
-                                         "later": sorted(known - now), "report": report})
+                                         "later": sorted(known - now), "report": report, "rubric": rubric})
         return LabDir(path=path, spec=staged, graders=self.root / "graders" / track.lab, track=track.id)
 
     def acceptance(self, week: Week, track: str | None = None) -> list[tuple[str, list[str]]]:

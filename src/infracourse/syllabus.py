@@ -277,6 +277,8 @@ class RubricItem(_Strict):
     section: str = Field(description="The report section (one of `report.prose`) the reviewer reads for it.")
     criterion: str | None = Field(default=None, description="The course completion criterion (an id of the "
                                   "syllabus' `completion`) this item gives evidence of.")
+    week: str | None = Field(default=None, pattern=r"^week2[2-4]$", description="A track project's item: the project "
+                             "week (week22..24) from which it is scored; earlier project weeks leave it out.")
     levels: dict[int, str] = Field(description="points -> what earns them, lowest first; 2 to 10 levels, so the "
                                    "reviewer's number keys 0-9 pick one.")
 
@@ -340,6 +342,9 @@ class Lab(_Strict):
         if len(set(rubric_ids)) != len(rubric_ids):
             raise ValueError(f"rubric ids repeat: {sorted({i for i in rubric_ids if rubric_ids.count(i) > 1})}")
         for item in self.rubric:
+            if item.week is not None and not self.week.startswith("track-"):
+                raise ValueError(f"rubric item {item.id!r} names week {item.week!r}: only a track project's items "
+                                 "do (weeks 22-24 grade it in stages); leave it out")
             if self.report is None or item.section not in self.report.prose:
                 raise ValueError(f"rubric item {item.id!r} names section {item.section!r}; use one of the report's "
                                  f"prose sections {self.report.prose if self.report else '(no report: add one)'}")
