@@ -26,3 +26,18 @@ def test_pyproject_declares_the_same_ranges():
     text = (REPO / "pyproject.toml").read_text()
     for name, (low, high) in PROVEN.items():
         assert re.search(rf'"{name}>={re.escape(low)},<{re.escape(high)}[;"]', text), name
+
+
+def test_doctor_and_week_1_name_the_missing_c_compiler_and_its_install(tmp_path, monkeypatch):
+    """Week 1 compiles a C loop with `cc`: without one, doctor says so, and the grade's message names the fix
+    (it was a bare FileNotFoundError: 'cc')."""
+    import pytest
+
+    from infracourse.kit.native import COURSE_LOOP, NO_C_COMPILER, compile_shared
+
+    hw = dataclasses.replace(detect(), torch="2.13.0+cpu", triton="3.6.0")
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no compiler on it
+    assert toolchain_warnings(hw) == [NO_C_COMPILER]
+    assert "apt install build-essential" in NO_C_COMPILER and "`cc`" in NO_C_COMPILER
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        compile_shared(COURSE_LOOP, tmp_path)

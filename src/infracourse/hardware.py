@@ -109,8 +109,13 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def toolchain_warnings(hw: "Hardware") -> list[str]:
-    """One line per installed package outside the range the labs were proven with (PROVEN)."""
-    warnings = []
+    """One line per installed package outside the range the labs were proven with (PROVEN), and one when no
+    C compiler is on PATH (week 1 builds a C loop)."""
+    import shutil
+
+    from infracourse.kit.native import NO_C_COMPILER
+
+    warnings = [] if shutil.which("cc") else [NO_C_COMPILER]
     for name, (low, high) in PROVEN.items():
         version = getattr(hw, name)
         if version is None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import ctypes
 import random
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 COURSE_LOOP = Path(__file__).with_name("loop_sum.c")
 SYMBOL = "loop_sum"  # double loop_sum(const double *values, long n)
+NO_C_COMPILER = ("no C compiler: `cc` is not on PATH (week 1 compiles loop_sum.c with it). Install one: Debian/Ubuntu "
+                 "`sudo apt install build-essential`, Fedora `sudo dnf install gcc`, macOS `xcode-select --install`")
 
 
 def seeded_values(n: int, seed: int) -> list[float]:
@@ -25,6 +28,8 @@ def seeded_values(n: int, seed: int) -> list[float]:
 def compile_shared(source: Path, out_dir: Path) -> Path:
     """cc -O2 -shared -fPIC: the shared library built from `source`, or RuntimeError with the compiler's words."""
     library = Path(out_dir) / (Path(source).stem + ".so")
+    if shutil.which("cc") is None:
+        raise RuntimeError(NO_C_COMPILER)
     done = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)],
                           capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
