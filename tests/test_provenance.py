@@ -157,6 +157,15 @@ def test_a_compiled_file_in_the_snapshot_is_flagged(tmp_path):
         require_clean_sources(tmp_path)
 
 
+def test_an_oversized_or_unreadable_source_is_a_finding_not_a_crash(tmp_path):
+    (tmp_path / "big.py").write_text("x = 1\n" * 200_000)
+    (tmp_path / "deep.py").write_text("x = " + "(" * 150_000 + ")" * 150_000 + "\n")
+    (tmp_path / "nul.py").write_bytes(b"x = 1\0\n")  # Python cannot import it either: the worker says so
+    found = {f.file: f.construct for f in read_sources(tmp_path)}
+    assert found["big.py"].startswith("a source file of 1200000 bytes")
+    assert "nul.py" not in found and set(found) <= {"big.py", "deep.py"}
+
+
 def _lab_files() -> dict[str, list[str]]:
     """'week01' / 'track-nvidia' -> the files its lab.yaml hands out."""
     return {folder.name.split("-")[0] if folder.name.startswith("week") else folder.name:

@@ -30,6 +30,7 @@ from infracourse.guard import LabCheckFailed
 # Files Python could import or run from the snapshot that are not source this reading can check.
 OPAQUE_SUFFIXES = (".so", ".pyd", ".pyc", ".pyo", ".dylib", ".zip", ".egg", ".whl")
 NATIVE_SOURCES = (".c", ".cc", ".cpp")  # a lab that hands these out is about calling native code (week 1)
+MAX_SOURCE_BYTES = 1 << 20  # a learner's .py is a few kB: the judge reads no more than this of one
 
 
 @dataclass(frozen=True)
@@ -118,15 +119,20 @@ def _scan_cached(root: Path, files: tuple, native_code: bool) -> tuple[Finding, 
     from infracourse.grading.forbidden import scan_module
 
     findings: list[Finding] = []
-    for rel, _size, _mtime in files:
+    for rel, size, _mtime in files:
         if rel.endswith(OPAQUE_SUFFIXES) or re.search(r"\.so(\.\d+)*$", rel):
             findings.append(Finding(rel, 1, "a compiled or archived file Python can load",
                                     "submit source only (.py, and the .c/.cu the lab asks for); remove it"))
+        elif rel.endswith(".py") and size > MAX_SOURCE_BYTES:
+            findings.append(Finding(rel, 1, f"a source file of {size} bytes (the grader reads up to "
+                                    f"{MAX_SOURCE_BYTES})", "keep data out of .py files; split or shorten it"))
         elif rel.endswith(".py"):
             text = (root / rel).read_text(errors="replace")
             try:
-                tree = ast.parse(text, filename=rel)
-            except SyntaxError:
+                findings += scan_module(ast.parse(text, filename=rel), rel, native_code=native_code)
+            except (SyntaxError, ValueError):
                 continue  # it cannot be imported either: the worker reports the error when it tries
-            findings += scan_module(tree, rel, native_code=native_code)
+            except RecursionError:
+                findings.append(Finding(rel, 1, "expressions nested too deeply to read",
+                                        "write the code as ordinary statements"))
     return tuple(sorted(findings, key=lambda f: (f.file, f.line)))
