@@ -4,11 +4,12 @@ The worker's records (ops dispatched, kernels launched, data flow) are made in t
 learner's code, so a file that reaches the worker's internals can rewrite them. This module reads the files of
 the snapshot with `ast` (it never imports or runs them) and reports, each as a `Finding` (file, line,
 construct, fix):
-- forbidden constructs (`scan_sources`): what reaches the worker's internals or hides code from this reading
-  (frames, `gc`/`inspect` of objects, `sys.modules`, `__main__`, ctypes, exec/eval/compile of computed code,
-  computed imports, patching builtins or modules it did not define, code-reaching dunders, the engine's own
-  modules outside `infracourse.kit`, /proc/self/mem, signal handlers, tracing and audit hooks), and files
-  Python would load that are not source (an extension module, bytecode);
+- forbidden constructs (`read_sources`, rules in grading.forbidden): what reaches the worker's internals or
+  hides code from this reading (frames, `gc`/`inspect` of objects, `sys.modules`, `__main__`, ctypes,
+  exec/eval/compile of computed code, computed imports, patching builtins or modules it did not define,
+  code-reaching dunders, the engine outside `infracourse.kit`/`bench`/`compare`, /proc/self/mem, signal
+  handlers, tracing and audit hooks), and files Python would load that are not source (an extension module,
+  bytecode, an archive);
 - for a kernel lab (`grading.kernel_reach`), a graded function that reaches no `@triton.jit` launch.
 
 Verdicts (each raises `LabCheckFailed` with the first finding, on one line):
@@ -77,7 +78,7 @@ def require_own_kernel(fn, graded: str | None = None, *, backward: bool = False)
     if not isinstance(fn, RemoteObject):
         return
     root = fn._worker.learner_dir
-    findings = read_sources(root)
+    findings = read_sources(root, native_code=fn._worker.native_code)
     graded = graded or _import_path(fn)
     if not findings and graded is not None:
         findings = kernel_findings(root, graded, backward=backward)
