@@ -1,6 +1,7 @@
 """Under the Triton interpreter (no GPU) a correct kernel with small tiles is slow, not hung: each learner call
 gets the check's limit plus an allowance per element of its input (runner.call_limit), and a call that does
 overrun is named with its input and the interpreter's cost per program as the likely cause."""
+from conftest import REPO
 from minicourse import make_course
 
 from infracourse.grading.runner import INTERPRETER_S_PER_ELEMENT, _overran, call_limit, grade
@@ -40,7 +41,8 @@ def test_many_slow_calls_pass_and_a_hung_one_is_named_with_its_input(tmp_path, m
     learner = tmp_path / "learner"
     learner.mkdir()
     (learner / "probe.py").write_text(
-        "import time\n\n\ndef slow(x):\n    time.sleep(3)\n    return int(x.sum())\n\n\n"
+        "import time\n\nimport triton  # noqa: F401 - a kernel week's file: its hang message speaks of tiles\n\n\n"
+        "def slow(x):\n    time.sleep(3)\n    return int(x.sum())\n\n\n"
         "def spin(x):\n    while True:\n        pass\n")
     result = grade(_course(tmp_path / "course"), "week01", learner, hardware=machine)
     checks = {c.id: c for c in result.checks}
@@ -48,3 +50,11 @@ def test_many_slow_calls_pass_and_a_hung_one_is_named_with_its_input(tmp_path, m
     assert checks["hung"].status == "error"
     assert "probe.spin() on float32[3, 129]" in checks["hung"].message
     assert "interpreter" in checks["hung"].message
+
+
+def test_the_interpreter_note_is_only_for_learner_files_that_use_triton():
+    """A week-1 harness that hangs is not told about Triton tile sizes; a kernel week's is."""
+    from infracourse.grading.runner import _uses_triton
+
+    assert not _uses_triton(REPO / "labs" / "week01-timing" / "solution")
+    assert _uses_triton(REPO / "labs" / "week07-triton-basics" / "solution")

@@ -225,3 +225,14 @@ def test_a_segfault_in_learner_code_shows_where(tmp_path):
         worker.close()
     message = str(raised.value)
     assert "segmentation fault" in message.lower() and "crash.py" in message and "line 4" in message
+
+
+def test_status_says_a_passed_week_is_not_complete_now_when_its_last_grade_is_not():
+    last = {"at": "2026-12-05T20:00:00", "tier": "cpu", "passed": 3, "checks": 10, "blocked": 0, "complete": False}
+    row = {"week": "week07", "title": "Triton basics", "lab": "ready", "state": "passed", "attempts": 2,
+           "last_grade": last}
+    shown = _squash(_render(lambda c: views.print_status(c, [row], "infracourse watch week07")))
+    assert "3/10 passed on cpu" in shown and "not complete now (the week passed in an earlier grade)" in shown
+    whole = _squash(_render(lambda c: views.print_status(c, [row | {"last_grade": last | {"complete": True,
+                                                                                           "passed": 10}}], "x")))
+    assert "not complete now" not in whole

@@ -66,6 +66,18 @@ def test_file_that_does_not_import_names_the_file_and_line(tmp_path, cpu):
         assert "line 1" in checks[check_id].message
 
 
+@pytest.mark.parametrize("helper, words", [
+    ("def half(:\n    pass\n", ["helpers.py, which probe.py imports, does not import", "SyntaxError", "line 1"]),
+    ("VALUE = 1 / 0\n", ["helpers.py, which probe.py imports, does not import", "ZeroDivisionError", "line 1"]),
+])
+def test_a_broken_helper_is_named_not_the_file_that_imports_it(tmp_path, cpu, helper, words):
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "learner" / "helpers.py").write_text(helper)
+    _, checks = run(tmp_path, cpu, "import helpers\n\n" + GOOD)
+    assert checks["answers"].status == "error"
+    assert all(w in checks["answers"].message for w in words), checks["answers"].message
+
+
 def test_wrong_answer_fails_and_withholds_performance_credit(tmp_path, cpu):
     result, checks = run(tmp_path, cpu, GOOD.replace("42", "41"))
     assert checks["answers"].status == "failed"

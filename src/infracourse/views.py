@@ -129,8 +129,7 @@ def print_status(console: Console, rows: list[dict], next_command: str) -> None:
         last = row["last_grade"]
         title = escape(row["title"]) + (" [dim](planned)[/dim]" if row["lab"] == "planned" else "")
         table.add_row(escape(row["week"]), title, f"[{colour[row['state']]}]{row['state']}[/]",
-                      escape(f"{last['passed']}/{last['checks']} passed on {last['tier']}, {last['at']}") if last
-                      else "", str(last["blocked"]) if last and last["blocked"] else "")
+                      escape(_last_grade(row)), str(last["blocked"]) if last and last["blocked"] else "")
     console.print(table)
     built = [r for r in rows if r["lab"] != "planned"]
     passed = sum(r["state"] in ("passed", "verified-on-GPU") for r in built)
@@ -138,6 +137,18 @@ def print_status(console: Console, rows: list[dict], next_command: str) -> None:
     console.print(f"{progress_bar(passed, len(built))} {passed}/{len(built)} built weeks passed, "
                   f"{verified} verified on GPU")
     console.print(f"next: {escape(next_command)}")
+
+
+def _last_grade(row: dict) -> str:
+    """The status table's cell: the last whole grade, and, where the week passed in an earlier grade but not in
+    this one, that it is not complete now (a `passed` beside 3/10 read as a contradiction)."""
+    last = row["last_grade"]
+    if not last:
+        return ""
+    cell = f"{last['passed']}/{last['checks']} passed on {last['tier']}, {last['at']}"
+    if row["state"] in ("passed", "verified-on-GPU") and not last["complete"]:
+        cell += "; not complete now (the week passed in an earlier grade)"
+    return cell
 
 
 def _figure(check) -> tuple[str, str]:

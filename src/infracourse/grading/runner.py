@@ -168,6 +168,7 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
     calling: dict[str, dict] = {}  # check -> the calling event of the learner call it made last
     running: tuple[str, float] | None = None
     interpreted = env.get("TRITON_INTERPRET") == "1"
+    kernels_interpreted = interpreted and _uses_triton(snapshot)  # a hang's message speaks of tiles only then
     buffer = b""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -194,7 +195,7 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
                         function = call.get("target")
                         if function:
                             hung.add(function)
-                        newly[check.id] = _result(check, "error", _overran(limit, call, interpreted))
+                        newly[check.id] = _result(check, "error", _overran(limit, call, kernels_interpreted))
                         if on_event:
                             on_event({"event": "result", "check": check.id, "status": "error"})
                         running = None
@@ -218,6 +219,11 @@ def call_limit(limit: float, call: dict, interpreted: bool) -> float:
     """The seconds a check may run since its start or, under the Triton interpreter, since its last learner
     call began: there the limit grows with that call's input (INTERPRETER_S_PER_ELEMENT)."""
     return limit + (INTERPRETER_S_PER_ELEMENT * call.get("elements", 0) if interpreted else 0.0)
+
+
+def _uses_triton(snapshot: Path) -> bool:
+    """Whether the learner's Python files use Triton (read as text: the runner never imports them)."""
+    return any("triton" in path.read_text(errors="replace") for path in snapshot.rglob("*.py"))
 
 
 def _overran(limit: float, call: dict, interpreted: bool) -> str:

@@ -145,11 +145,20 @@ class Worker:
         try:
             return importlib.import_module(name)
         except Exception as exc:  # any failure at import time is the learner's to fix
-            tb = traceback.extract_tb(exc.__traceback__)
-            line = next((f" line {f.lineno}" for f in reversed(tb) if Path(f.filename).name == path.name), "")
-            detail = (f"SyntaxError: {exc.msg} (line {exc.lineno})" if isinstance(exc, SyntaxError)
-                      else f"{type(exc).__name__}: {exc}")
-            raise LearnerImportError(f"{path.name} does not import ({detail}{line}); fix it and grade again") from None
+            raise LearnerImportError(self._import_failure(exc, path)) from None
+
+    def _import_failure(self, exc: Exception, path: Path) -> str:
+        """Which of the learner's files failed and where: the file holding a syntax error, or the innermost of
+        their files the exception passed through, never just the module the grader imported."""
+        if isinstance(exc, SyntaxError):
+            culprit, detail = Path(exc.filename or path).name, f"SyntaxError: {exc.msg} (line {exc.lineno})"
+        else:
+            own = [f for f in traceback.extract_tb(exc.__traceback__)
+                   if Path(f.filename).resolve().is_relative_to(self.learner_dir)]
+            culprit = Path(own[-1].filename).name if own else path.name
+            detail = f"{type(exc).__name__}: {exc}" + (f", line {own[-1].lineno}" if own else "")
+        where = path.name if culprit == path.name else f"{culprit}, which {path.name} imports,"
+        return f"{where} does not import ({detail}); fix it and grade again"
 
     def call(self, header: dict, decoder: Decoder) -> tuple[dict, dict]:
         import torch
