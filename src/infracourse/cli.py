@@ -247,7 +247,7 @@ def track_choose(name: str = typer.Argument(..., help="A track id from `infracou
 @_command()
 def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Option(False, "--json"),
            completion: bool = typer.Option(False, "--completion", help="The course's six completion criteria "
-                                            "(003 §11) and the checks behind each, from your last grades."),
+                                            "and the checks behind each, from your last grades."),
            certificate: Optional[Path] = typer.Option(None, "--certificate", help="With --completion: write the "
                                                       "certificate as FOLDER/completion.json and completion.html.")):
     """Every week: locked / unlocked / passed / verified on GPU, last grade; overall progress and what next."""

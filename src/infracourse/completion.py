@@ -121,7 +121,7 @@ def certificate_page(cert: dict) -> str:
 <body><h1>{e(cert['course'])}</h1>
 <p>Learner <b>{e(cert['learner'])}</b>, track <b>{e(cert['track'])}</b>; issued {e(cert['issued_at'])} by infracourse
 {e(cert['infracourse_version'])}. <b>{'Complete' if cert['complete'] else 'Not complete'}</b>.</p>
-<table><tr><th>criterion (003 §11)</th><th>state</th><th>backed by</th></tr>{''.join(rows)}</table>
+<table><tr><th>criterion</th><th>state</th><th>backed by</th></tr>{''.join(rows)}</table>
 <h2>To be verified on hardware this learner did not have</h2><ul>{verified}</ul>
 <p>An instructor verifies this page's JSON against the gradebook: <code>infracourse cohort verify-certificate FILE.json</code>.</p>
 </body></html>

@@ -100,7 +100,7 @@ def print_tracks(console: Console, course: Course, chosen: str | None) -> None:
 
 def print_completion(console: Console, cert: dict) -> None:
     colour = {"met": "green", "met, to be verified": "yellow", "not met": "red"}
-    table = Table(title="completion criteria (003 §11)" + (f" — track {escape(cert['track'])}" if cert["track"] else ""))
+    table = Table(title="completion criteria" + (f" — track {escape(cert['track'])}" if cert["track"] else ""))
     for column in ("criterion", "state", "backed by (week:check status)"):
         table.add_column(column, overflow="fold")
     for c in cert["criteria"]:
@@ -271,7 +271,7 @@ def print_doctor(console: Console, hw: Hardware, ceilings: Ceilings | None, bloc
 
 def print_plan(console: Console, rows: list, totals: dict[int, float]) -> None:
     """`doctor --plan`: per remaining week, what runs here, what is blocked, what to rent."""
-    table = Table(title="the weeks ahead on this machine (003 §10)")
+    table = Table(title="the weeks ahead on this machine")
     for column in ("week", "runs here", "blocked here (why)", "to rent"):
         table.add_column(column, overflow="fold")
     for row in rows:

@@ -1,4 +1,4 @@
-"""Estimates made before measuring (003 §9): the FLOPs of one training step of the course GPT."""
+"""Estimates made before measuring: the FLOPs of one training step of the course GPT."""
 
 
 def model_flops_per_step(config: dict, tokens: int) -> int:

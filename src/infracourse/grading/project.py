@@ -331,7 +331,7 @@ def test_project_plan(learner, request, hardware, record):
     if missing:
         raise LabCheckFailed(f"{path.name}: this machine cannot run {missing} ({'; '.join(cannot[c] for c in missing)}), "
                              "but the project block's to_be_verified does not list them: mark every experiment that "
-                             "lacks its hardware as to be verified from the start (003 §3)")
+                             "lacks its hardware as to be verified from the start")
     unknown = sorted(set(project.to_be_verified) - {c.id for c in whole.checks})
     if unknown:
         raise LabCheckFailed(f"{path.name}: to_be_verified names {unknown}, which are not checks of this project")
