@@ -236,3 +236,14 @@ def test_status_says_a_passed_week_is_not_complete_now_when_its_last_grade_is_no
     whole = _squash(_render(lambda c: views.print_status(c, [row | {"last_grade": last | {"complete": True,
                                                                                            "passed": 10}}], "x")))
     assert "not complete now" not in whole
+
+
+def test_the_grade_table_names_each_figure_and_explains_its_columns():
+    check = CheckResult(id="reduce-accuracy", title="t", kind="correctness", needs="cpu", status="passed",
+                        figures={"relative error": {"value": 3.7e-8, "target": 1e-5, "unit": ""},
+                                 "other": {"value": 1.0}})
+    result = GradeResult(week="week07", tier="cpu", device="cpu", fingerprint="f", started_at="t", seconds=1.0,
+                         checks=[check])
+    shown = _squash(_render(lambda c: views.print_grade(c, result)))
+    assert "relative error: 3.7e-08" in shown and "1e-05" in shown
+    assert "measured: the first figure the check recorded, by name" in shown and "target: the grader's bar" in shown

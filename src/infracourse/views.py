@@ -152,12 +152,21 @@ def _last_grade(row: dict) -> str:
 
 
 def _figure(check) -> tuple[str, str]:
-    head = check.headline
-    return head.shown() if head else ("", "")
+    """(measured, target) of the check's first figure, the measured value named: a bare number means nothing."""
+    if not check.figures:
+        return "", ""
+    name, head = next(iter(check.figures.items()))
+    measured, target = head.shown()
+    return f"{name}: {measured}", target
+
+
+FIGURE_COLUMNS = ("measured: the first figure the check recorded, by name (result.json has them all); target: the "
+                  "grader's bar for it, or the grader's own measurement of the same work")
 
 
 def print_grade(console: Console, result: GradeResult, plots: list[Path] = ()) -> None:
-    table = Table(title=escape(f"{result.week} on {result.device} (tier {result.tier}) — {result.seconds:.1f} s"))
+    table = Table(title=escape(f"{result.week} on {result.device} (tier {result.tier}) — {result.seconds:.1f} s"),
+                  caption=FIGURE_COLUMNS if any(c.figures for c in result.checks) else None)
     for column in ("check", "status", "measured", "target", "message"):
         table.add_column(column, overflow="fold")
     for check in result.checks:
