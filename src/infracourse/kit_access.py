@@ -22,6 +22,7 @@ WORKER_ENTRIES = ("infracourse.grading.worker", "infracourse.kit.rank_driver")
 # The runner hands the judge the week's lists; the judge's sandbox reads them (see sandbox.wrap).
 VISIBLE_ENV = "INFRACOURSE_KIT"
 HANDOUT_ENV = "INFRACOURSE_KIT_HANDOUT"
+HANDOUT_FILE = "_week_kit.txt"  # in the sandbox's kit folder: the handout's list, for kit/__init__'s message
 _NAMED = re.compile(r"infracourse\.kit\.([A-Za-z_][A-Za-z0-9_]*)")
 
 

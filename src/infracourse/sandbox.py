@@ -20,6 +20,7 @@ read-only bind writable. That user is the grading user outside: what it writes i
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import glob
 import os
@@ -28,6 +29,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,17 +171,28 @@ def _engine_args() -> list[str]:
     if (engine / "_course").is_dir():
         args += ["--tmpfs", str(engine / "_course"), "--remount-ro", str(engine / "_course")]
     week = kit_access.from_environment()
-    if week is None:
-        return args
-    visible, handout = week
-    kit = engine / "kit"
-    args += ["--tmpfs", str(kit)]
+    if week is not None:
+        args += ["--ro-bind", str(_kit_view(*map(tuple, week))), str(engine / "kit")]
+    return args
+
+
+@functools.lru_cache(maxsize=None)
+def _kit_view(visible: tuple[str, ...], handout: tuple[str, ...]) -> Path:
+    """A copy of the week's kit modules (and the handout's list, for kit/__init__'s import message), bound over
+    kit/ as one folder: binding each module would name them in bwrap's command line, where the judge looks for
+    course processes by name (a service's module name would match the sandbox itself). It lives in the
+    judge's temporary folder, which the runner removes with the grade."""
+    from infracourse import kit_access
+
+    view = Path(tempfile.mkdtemp(prefix="infracourse-kit-"))
+    atexit.register(shutil.rmtree, view, ignore_errors=True)
     for name in ["__init__", *visible]:
-        if (kit / f"{name}.py").is_file():
-            args += ["--ro-bind", str(kit / f"{name}.py"), str(kit / f"{name}.py")]
-    for data in kit_access.data_files(visible):
-        args += ["--ro-bind", str(data), str(kit / data.name)]
-    return args + ["--remount-ro", str(kit), "--setenv", kit_access.HANDOUT_ENV, ",".join(handout)]
+        if (kit_access.KIT_DIR / f"{name}.py").is_file():
+            shutil.copyfile(kit_access.KIT_DIR / f"{name}.py", view / f"{name}.py")
+    for data in kit_access.data_files(list(visible)):
+        shutil.copyfile(data, view / data.name)
+    (view / kit_access.HANDOUT_FILE).write_text(",".join(handout), encoding="utf-8")
+    return view
 
 
 def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str | None = None,

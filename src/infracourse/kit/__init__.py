@@ -3,10 +3,11 @@
 In a grade's sandbox only the kit modules of the week are mounted (infracourse.kit_access); importing another
 one says so, rather than only "No module named".
 """
-import os
 import sys
+from pathlib import Path
 
-_HANDOUT = os.environ.get("INFRACOURSE_KIT_HANDOUT")  # set by the sandbox of a grade (kit_access.HANDOUT_ENV)
+_WEEK = Path(__file__).with_name("_week_kit.txt")  # only in a grade's sandbox (kit_access.HANDOUT_FILE)
+_HANDOUT = _WEEK.read_text(encoding="utf-8").strip() if _WEEK.is_file() else None
 
 
 class _NotThisWeeksKit:
