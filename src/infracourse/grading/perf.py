@@ -89,6 +89,7 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
     import random
 
     from infracourse.grading.inputs import SALTS, build, salted
+    from infracourse.grading.provenance import require_clean_sources, require_own_kernel
 
     worker = fn._worker
     generate = build(make_args)
@@ -128,8 +129,13 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
     for index, out in zip(picks, outputs):
         check(out, generate(salted(salt, index)))
+    # what the worker recorded is corroborated by the judge's own reading of the learner's files: code that could
+    # rewrite the worker's records or its reply to this clock fails here, whatever those records say
     if require_kernel:
         _require_kernels(label, prepare.record, picked.record)
+        require_own_kernel(fn)
+    else:
+        require_clean_sources(worker.learner_dir, native_code=worker.native_code)
     # the device the worker timed on is the one it was given, which the judge knows (not what the worker says)
     return bench.Timing(median_s=stats["median_s"], p10_s=stats["p10_s"], p90_s=stats["p90_s"], samples_s=[],
                         wall_per_call_s=wall_per_call, device="cuda" if worker.gpu else "cpu", wall_calls=calls)
