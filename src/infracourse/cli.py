@@ -433,6 +433,35 @@ def run(week: Optional[str] = WeekArg,
 
 
 @_command()
+def measure(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
+    """Measure the figures your report states as the grader does, on this machine and your code, and write them
+    into report.md's figures block (the diff is shown). The grade it takes is not recorded."""
+    from infracourse.grading.measure import diff, figures_of_grade, measuring_checks, write_figures
+    from infracourse.guard import LabCheckFailed
+
+    ws, course = _context(workspace)
+    w = _week(course, week, ws)
+    spec = course.lab(w).spec
+    checks = measuring_checks(spec)
+    if not checks:
+        _fail(f"{w.id}'s report states no figure that a check measures: there is nothing to measure")
+    path = _week_folder(ws, w) / spec.report.file
+    if not path.exists():
+        _fail(f"{path} is missing: `infracourse reset {w.id}` restores the template (backing up your files)")
+    measured = figures_of_grade(spec, _grade(ws, course, w, checks=checks))
+    old = path.read_text(encoding="utf-8")
+    try:
+        new = write_figures(old, measured.figures, path.name)
+    except LabCheckFailed as exc:
+        _fail(str(exc))
+    path.write_text(new, encoding="utf-8")
+    console.print(escape(diff(old, new, path.name)) or escape(f"{path.name}: its figures already are this machine's"),
+                  soft_wrap=True)
+    for name, why in measured.left.items():
+        console.print(f"[yellow]{escape(name)}: left as it was, not measured here[/yellow] ({escape(why[:300])})")
+
+
+@_command()
 def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
     """Write this machine's environment into the week's report.md."""
     from infracourse.grading.report import stamp_environment
