@@ -81,8 +81,10 @@ def test_figures_within_the_tolerance_pass(write, machine):
 def test_an_invented_figure_fails_naming_both_numbers(write, machine, line, name):
     key = line.split(":")[0]
     figures = re.sub(rf"^{key}: .*$", line, GOOD, flags=re.MULTILINE)
-    with pytest.raises(LabCheckFailed, match=rf"report.md: {name} = .* but the grader (measured|computes)"):
+    with pytest.raises(LabCheckFailed, match=rf"report.md: {name} = .* but the grader (measured|computes)") as caught:
         _check(write(_report(figures)), machine)
+    # a measured figure names the command that writes this machine's; a computed one is the learner's to work out
+    assert ("`infracourse measure`" in str(caught.value)) == (name != "intensity"), str(caught.value)
 
 
 def test_prose_in_any_wording_passes(write, machine):

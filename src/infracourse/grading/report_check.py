@@ -102,7 +102,9 @@ def compare_figures(reported: dict[str, float], spec: Report, measured: dict[str
                 f"{name}: {figure.name} = {mine:.4g} in your figures block, but the grader "
                 f"{'measured' if figure.check else 'computes, for this configuration,'} {ours:.4g} "
                 f"({figure.meaning}; {_tolerance(figure)}). Report the figure your own run printed for this "
-                "configuration, on this machine, in the unit asked for")
+                "configuration, on this machine, in the unit asked for"
+                + ("; figures from another machine or an earlier version of your code differ: `infracourse measure` "
+                   "writes this machine's into the block" if figure.check else ""))
         compared[figure.name] = {"value": mine, "target": ours, "unit": ""}
     return compared
 
