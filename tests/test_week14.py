@@ -186,7 +186,7 @@ def test_the_graders_capacity_makes_every_rank_drop_whatever_the_seed():
 def test_a_restarted_rank_that_aborts_fails_after_a_second_run(grade_lab):
     """A signal death in the restarted world is run again once (an infrastructure flake looks the same); a
     learner's abort that happens every time still fails: a crash is never a pass."""
-    result, checks = grade_lab("week14", edits={"elastic_train.py": replace_once(
+    result, checks = grade_lab("week14", checks=["recovery-params"], edits={"elastic_train.py": replace_once(
         '    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))\n',
         '    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))\n'
         '    if restart:\n        os.abort()\n')})
