@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -63,6 +64,9 @@ class Harness:
     def __init__(self, learner_root: Path):
         self.learner_root = Path(learner_root)
         self.base = Path(tempfile.mkdtemp(prefix="infracourse-w19-"))
+        if len(str(self.base / "scratch" / "storage-99.sock")) > 100:  # a long TMPDIR (a regrade's): a short one
+            self.base.rmdir()
+            self.base = Path(tempfile.mkdtemp(prefix="ic19-", dir="/tmp" if os.path.isdir("/tmp") else None))
         self.scratch = self.base / "scratch"  # the confined processes' only writable folder
         self.scratch.mkdir()
         self._sockets = 0

@@ -276,7 +276,7 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
     lines are stamped with time.perf_counter() here, as they arrive."""
     import subprocess
 
-    from infracourse.grading import confined
+    from infracourse.grading import confined, output
     from infracourse.grading.torchrun import kill_tree
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -284,18 +284,23 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
     path.write_text(json.dumps({**task, "learner": str(Path(snapshot).resolve())}))
     # one malloc arena per thread would reserve address space, not memory: keep two (see the stream task)
     env = confined.environment(scratch, MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = confined.popen([sys.executable, "-s", "-m", "infracourse.kit.datapipe", str(path)], snapshot=snapshot,
-                          scratch=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, text=True)
+    # stderr beside the scratch (the driver cannot see or replace it), both streams cut past output.OUTPUT_LIMIT
+    errors = output.Capture(scratch.parent / f"{scratch.name}-{path.stem}.stderr.log")
+    proc = errors.spawn(lambda log: confined.popen(
+        [sys.executable, "-s", "-m", "infracourse.kit.datapipe", str(path)], snapshot=snapshot, scratch=scratch,
+        env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True))
     killed = threading.Event()
     timer = threading.Timer(timeout_s, lambda: (killed.set(), kill_tree(proc)))
     timer.start()
     lines = []
-    errors: list[str] = []
-    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
-    reader.start()
+    printed, cut = 0, False
     try:
-        for text in proc.stdout:
+        for text in iter(lambda: proc.stdout.readline(output.TAIL_BYTES), ""):  # a line of any length: in pieces
+            printed += len(text)
+            if printed > output.OUTPUT_LIMIT:
+                cut = True
+                kill_tree(proc)
+                break
             if text.startswith(MARK):
                 with contextlib.suppress(ValueError):
                     line = json.loads(text[len(MARK):])
@@ -304,8 +309,9 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
         proc.wait()
     finally:
         timer.cancel()
-        reader.join(5)
-    return DriverRun(lines, None if killed.is_set() else proc.returncode, "".join(errors))
+        errors.finish()
+    stderr = errors.tail() + (f"\n{output.CUT_NOTE}" if cut or errors.cut else "")
+    return DriverRun(lines, None if killed.is_set() else proc.returncode, stderr)
 
 
 _results = sys.stdout  # main() points it at a private copy of stdout, away from the learner's prints
