@@ -186,9 +186,12 @@ def _kit_view(visible: tuple[str, ...], handout: tuple[str, ...]) -> Path:
 
     view = Path(tempfile.mkdtemp(prefix="infracourse-kit-"))
     atexit.register(shutil.rmtree, view, ignore_errors=True)
+    (view / "__pycache__").mkdir()
     for name in ["__init__", *visible]:
-        if (kit_access.KIT_DIR / f"{name}.py").is_file():
-            shutil.copyfile(kit_access.KIT_DIR / f"{name}.py", view / f"{name}.py")
+        if (kit_access.KIT_DIR / f"{name}.py").is_file():  # copy2: a compiled copy stays valid for its source
+            shutil.copy2(kit_access.KIT_DIR / f"{name}.py", view / f"{name}.py")
+            for compiled in (kit_access.KIT_DIR / "__pycache__").glob(f"{name}.*.pyc"):
+                shutil.copy2(compiled, view / "__pycache__" / compiled.name)
     for data in kit_access.data_files(list(visible)):
         shutil.copyfile(data, view / data.name)
     (view / kit_access.HANDOUT_FILE).write_text(",".join(handout), encoding="utf-8")
