@@ -153,6 +153,20 @@ def test_capture_keeps_draining_when_the_kill_cannot_stop_the_writer(tmp_path):
     assert captured.cut and (tmp_path / "out.log").stat().st_size == 2**20
 
 
+def test_reading_stdout_line_by_line_is_bounded_too(tmp_path):
+    """A judge that acts on each line as it arrives (week 5's kill at a step, week 19's clocked lines) reads a
+    line of any length in pieces, and kills the writer past the limit."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os\nos.write(1, b'a' * 2**20 + b'\\nok\\n')\n"
+                             "while True:\n    os.write(1, b'b' * 2**20)\n"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    with pytest.raises(output.OutputCut, match="cut at"):
+        for text in output.lines(proc, limit=4 * 2**20):
+            seen.append(len(text))
+    assert max(seen) <= output.TAIL_BYTES and sum(seen) <= 4 * 2**20
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
 def test_scratch_is_removed_after_a_timeout(tmp_path, own_tmp, machine):
     course = _course(tmp_path / "course", "hangs", 3, "hang")
     folder = _learner(tmp_path, "def hang():\n    open(os.path.join(os.environ['HOME'], 'left.bin'), 'wb')"

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 import torch
 
+from infracourse.grading import output
 from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.resume_driver import KILLED, NOT_WRITTEN, file_digest, launch, read_all
@@ -24,13 +25,18 @@ FIX = ("Write the bytes to a temporary file in the checkpoint's own folder, flus
 
 def _drive(learner, folder, command: str, *args) -> tuple[int, str]:
     """Run kit.resume_driver's `command` on the learner's snapshot (sandboxed); (exit code, stderr)."""
-    proc = launch([command, str(learner.root), *map(str, args)], snapshot=learner.root, scratch=folder,
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    captured = output.Capture(folder.parent / f"{folder.name}-{command}.log")  # cut past output.OUTPUT_LIMIT
+    proc = captured.spawn(lambda log: launch([command, str(learner.root), *map(str, args)], snapshot=learner.root,
+                                             scratch=folder, stdout=subprocess.DEVNULL, stderr=log))
     try:
-        _, stderr = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         raise LabCheckFailed("save_checkpoint did not return within 120 s") from None
+    captured.finish()
+    if captured.cut:
+        raise LabCheckFailed(f"save_checkpoint printed too much; {output.CUT_NOTE}")
+    stderr = captured.tail()
     if proc.returncode == NOT_WRITTEN:
         raise LearnerRaised("NotImplementedError", stderr.strip().splitlines()[-1][:2000])
     return proc.returncode, stderr

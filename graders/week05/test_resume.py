@@ -11,6 +11,7 @@ import random
 import signal
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from infracourse.grading import output
 from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.resume_driver import NO_MODEL_STATE, NOT_WRITTEN, launch
@@ -80,14 +82,19 @@ def _step_line(text: str) -> dict | None:
 
 
 def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
-    try:
-        out, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        proc.communicate()
-        raise RuntimeError(f"the {what} did not finish in 300 s") from None
-    run.steps += [line for text in out.splitlines() if (line := _step_line(text))]
-    error = log.read_text(errors="replace").strip()
+    timed_out = threading.Event()
+    timer = threading.Timer(300, lambda: (timed_out.set(), _kill(proc)))
+    timer.start()
+    try:  # its stdout as it comes, bounded (grading.output): learner code prints there too
+        run.steps += [line for text in output.lines(proc) if (line := _step_line(text))]
+    except output.OutputCut:
+        raise LabCheckFailed(f"the {what} printed too much; {output.CUT_NOTE}") from None
+    finally:
+        proc.wait()  # the timer still runs: a run that closed its stdout and went on is killed at the limit
+        timer.cancel()
+    if timed_out.is_set():
+        raise RuntimeError(f"the {what} did not finish in 300 s")
+    error = output.read_tail(log).strip()
     if proc.returncode == NOT_WRITTEN:
         # the learner's code raised it in the driver's process: graded as the worker's would be
         raise LearnerRaised("NotImplementedError", error.splitlines()[-1][:2000] if error else "train.py")
@@ -125,16 +132,19 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
     proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "x.pt",
                           work / "killed.log")
     killed = Run()
-    for text in proc.stdout:
-        if (line := _step_line(text)) is not None:
-            killed.steps.append(line)
-            if line["step"] >= kill_at:
-                _kill(proc)  # whatever it is doing now: stepping, or writing a checkpoint
-                break
+    try:
+        for text in output.lines(proc):  # as it comes, bounded (grading.output)
+            if (line := _step_line(text)) is not None:
+                killed.steps.append(line)
+                if line["step"] >= kill_at:
+                    _kill(proc)  # whatever it is doing now: stepping, or writing a checkpoint
+                    break
+    except output.OutputCut:
+        raise LabCheckFailed(f"the run to be interrupted printed too much; {output.CUT_NOTE}") from None
     _finish(proc, work / "killed.log", "run to be interrupted", None, killed)
     if not killed.steps or killed.steps[-1]["step"] < kill_at:
         raise RuntimeError(f"the run to be interrupted ended before step {kill_at} (exit code {proc.returncode}):\n"
-                           + (work / "killed.log").read_text(errors="replace")[-1500:])
+                           + output.read_tail(work / "killed.log", 1500))
     # the folder as the kill left it, for resume-follows-checkpoint (a perturbed copy is resumed there)
     shutil.copytree(work / "interrupted", work / "at-kill")
 
@@ -261,7 +271,7 @@ def resume_perturbed(learner_dir: Path, work: Path, seed: int) -> Run:
             "run_dir/checkpoint.pt holds no model state_dict (a dict with the keys and shapes of "
             "model.state_dict(), at any depth of the checkpoint): save model.state_dict() in it")
     if code != 0:
-        error = (work / "perturb.log").read_text(errors="replace")
+        error = output.read_tail(work / "perturb.log")
         raise RuntimeError(f"loading and saving the checkpoint again failed (exit code {code}):\n{error[-1500:]}")
     proc = _train_process(learner_dir, work, folder, "cpu", "fp32", work / "perturbed.pt", work / "perturbed.log")
     return _finish(proc, work / "perturbed.log", "run resumed from a perturbed checkpoint", work / "perturbed.pt",

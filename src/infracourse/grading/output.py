@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 OUTPUT_LIMIT = 64 * 2**20  # far above any honest grade's output (a few KiB), far below a disk or a judge's memory
 TAIL_BYTES = 64 * 2**10    # what a message may quote of a log's end, at most
@@ -38,6 +38,23 @@ def read_tail(path: Path, max_bytes: int = TAIL_BYTES) -> str:
 def last_lines(text: str, lines: int, max_chars: int = 2000) -> str:
     """The last `lines` lines of `text`, at most `max_chars` characters of them (a line can be any length)."""
     return "\n".join(text.strip().splitlines()[-lines:])[-max_chars:]
+
+
+class OutputCut(Exception):
+    """A process's stdout passed OUTPUT_LIMIT while the judge read it line by line: the process was killed."""
+
+
+def lines(proc: subprocess.Popen, limit: int = OUTPUT_LIMIT) -> Iterator[str]:
+    """A text-mode process's stdout line by line as it comes, for a judge that must act on each line as it
+    arrives (a longer line than TAIL_BYTES comes in pieces). Past `limit` characters in all, the process's
+    session is killed and OutputCut raised."""
+    seen = 0
+    for text in iter(lambda: proc.stdout.readline(TAIL_BYTES), ""):
+        seen += len(text)
+        if seen > limit:
+            _kill_session(proc.pid)()
+            raise OutputCut(CUT_NOTE)
+        yield text
 
 
 class Capture:

@@ -293,23 +293,19 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
     timer = threading.Timer(timeout_s, lambda: (killed.set(), kill_tree(proc)))
     timer.start()
     lines = []
-    printed, cut = 0, False
+    cut = False
     try:
-        for text in iter(lambda: proc.stdout.readline(output.TAIL_BYTES), ""):  # a line of any length: in pieces
-            printed += len(text)
-            if printed > output.OUTPUT_LIMIT:
-                cut = True
-                kill_tree(proc)
-                break
+        for text in output.lines(proc):
             if text.startswith(MARK):
                 with contextlib.suppress(ValueError):
                     line = json.loads(text[len(MARK):])
                     if isinstance(line, dict):
                         lines.append((time.perf_counter(), line))
-        proc.wait()
-    finally:
-        timer.cancel()
-        errors.finish()
+    except output.OutputCut:
+        cut = True  # its session is killed
+    proc.wait()  # the timer still runs: a driver that closed its stdout and went on is killed at the limit
+    timer.cancel()
+    errors.finish()
     stderr = errors.tail() + (f"\n{output.CUT_NOTE}" if cut or errors.cut else "")
     return DriverRun(lines, None if killed.is_set() else proc.returncode, stderr)
 
