@@ -182,7 +182,7 @@ def _settled(lab, **statuses):
 ])
 def test_requires_credit_is_withheld_by_the_runner(lab, answers, fast, expected):
     settled = _settled(lab, answers=answers, fast=fast)
-    runner._withhold_unearned_credit(lab, settled)
+    runner._withhold_unearned_credit(lab.spec.checks, settled)
     assert settled["fast"].status == expected
     if expected == "failed":
         assert settled["fast"].message.startswith("no credit yet: answers must pass")
