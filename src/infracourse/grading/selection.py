@@ -14,6 +14,11 @@ from typing import Iterable
 
 from _pytest.mark.expression import Expression
 
+try:  # pytest 8 raises its own ParseError on a malformed -k expression, pytest 9 a SyntaxError
+    from _pytest.mark.expression import ParseError as KSyntaxError
+except ImportError:
+    KSyntaxError = SyntaxError
+
 from infracourse.syllabus import Lab
 
 
@@ -60,6 +65,7 @@ def with_prerequisites(spec: Lab, ids: Iterable[str]) -> list[str]:
 def _expression(pattern: str) -> Expression:
     try:
         return Expression.compile(pattern)
-    except SyntaxError as exc:  # what pytest's own -k raises on a malformed expression
-        raise SelectionError(f"-k {pattern!r} is not a pytest -k expression ({exc.msg}): use words joined by "
+    except KSyntaxError as exc:
+        why = getattr(exc, "message", None) or getattr(exc, "msg", None) or str(exc)
+        raise SelectionError(f"-k {pattern!r} is not a pytest -k expression ({why}): use words joined by "
                              "and / or / not, e.g. -k \"reduce and not bandwidth\"") from None
