@@ -12,13 +12,7 @@ PASS_SHARE = 1.0  # a week may be skipped only when every one of its questions w
 
 def suggestion(sitting: Sitting) -> dict:
     """{"by_week": {week: [right, asked]}, "do_first": [...], "may_skip": [...]}"""
-    by_week: dict[str, list[int]] = {}
-    for a in sitting.answered:
-        by_week.setdefault(a.instance.question.week, [0, 0])[0] += a.outcome.correct
-        by_week[a.instance.question.week][1] += 1
-    for inst in sitting.unanswered:
-        by_week.setdefault(inst.question.week, [0, 0])[1] += 1
-    by_week = dict(sorted(by_week.items()))
+    by_week = sitting.tally(lambda question: question.week)
     may_skip = [w for w, (right, asked) in by_week.items() if asked and right / asked >= PASS_SHARE]
     return {"by_week": by_week, "do_first": [w for w in by_week if w not in may_skip], "may_skip": may_skip,
             "complete": not sitting.unanswered}

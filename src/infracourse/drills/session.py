@@ -35,12 +35,16 @@ class Sitting:
 
     def by_topic(self) -> dict[str, list[int]]:
         """topic -> [right, asked]; questions left unanswered count as asked."""
+        return self.tally(lambda question: question.topic)
+
+    def tally(self, key) -> dict[str, list[int]]:
+        """key(question) -> [right, asked], in key order; questions left unanswered count as asked."""
         score: dict[str, list[int]] = {}
         for a in self.answered:
-            score.setdefault(a.instance.question.topic, [0, 0])[0] += a.outcome.correct
-            score[a.instance.question.topic][1] += 1
+            score.setdefault(key(a.instance.question), [0, 0])[0] += a.outcome.correct
+            score[key(a.instance.question)][1] += 1
         for inst in self.unanswered:
-            score.setdefault(inst.question.topic, [0, 0])[1] += 1
+            score.setdefault(key(inst.question), [0, 0])[1] += 1
         return dict(sorted(score.items()))
 
     def as_dict(self) -> dict:
