@@ -343,3 +343,24 @@ def test_submit_refuses_a_symlink_naming_it_and_the_fix(graded, tmp_path, kind):
     assert not (ws.root / "submissions").exists() or not any((ws.root / "submissions").iterdir())
     link.unlink()
     assert submit(ws, course, "week02", learner="ada", hardware=synthetic.DEVICES[0][0]).is_file()
+
+
+def test_week14s_judge_reads_no_more_than_a_bounded_head_of_the_rank_log_it_polls(tmp_path, monkeypatch):
+    """Week 14's judge polls rank 0's log (written by learner code) every 5 ms: a flooded log is read up to
+    LOG_READ_LIMIT each time, never whole, and what lies past it is not evidence."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("week14_judge", REPO / "graders" / "week14" / "conftest.py")
+    judge = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, judge)  # its dataclasses look their module up there
+    spec.loader.exec_module(judge)
+    log = tmp_path / "rank0.jsonl"
+    step = json.dumps({"restart": 0, "step": 1, "time": 0.0}) + "\n"
+    late = json.dumps({"restart": 1, "step": 99, "time": 0.0}) + "\n"
+    log.write_text(step + "x" * (3 * judge.LOG_READ_LIMIT) + "\n" + late)
+    started = time.perf_counter()
+    lines = judge._lines(log)
+    assert [line["step"] for line in lines] == [1]  # the line past the limit is never read
+    assert time.perf_counter() - started < 1.0
