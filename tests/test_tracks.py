@@ -198,3 +198,16 @@ def test_status_completion_writes_the_certificate(tmp_path):
     assert not cert["complete"] and len(cert["criteria"]) == 6
     page = (tmp_path / "cert" / "completion.html").read_text()
     assert "not met" in page and "<script" not in page
+
+
+def test_every_staged_project_week_survives_the_judges_round_trip():
+    """The runner hands the judge the staged lab (week22-24 of a track, its rubric items naming their week) as
+    JSON, which the judge validates again: a staged week that fails that validation errs every check."""
+    from infracourse.course import Course
+    from infracourse.syllabus import PROJECT_WEEKS, Lab
+
+    course = Course()
+    for track in course.tracks:
+        for week in PROJECT_WEEKS:
+            staged = course.lab(week, track=track).spec
+            assert Lab.model_validate_json(staged.model_dump_json()) == staged
