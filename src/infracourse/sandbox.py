@@ -218,5 +218,8 @@ def wrap(command: list[str], *, snapshot: Path | None, scratch: Path, tool: str 
     if snapshot is not None:
         args += ["--ro-bind", str(snapshot), str(snapshot)]
     args += ["--remount-ro", "/"]  # the folders made to hold the mounts (the engine's parents) are not scratch
-    args += ["--setenv", "HOME", str(scratch), "--setenv", "TMPDIR", str(scratch), "--chdir", str(scratch), "--"]
+    # TMPDIR is the sandbox's own /tmp (a tmpfs gone with it), not the scratch folder: under a nested temporary
+    # folder (pytest-xdist's, a regrade's) the scratch path is long, and multiprocessing's AF_UNIX sockets made
+    # in TMPDIR (a DataLoader's workers passing tensors) then exceed the 107-byte limit and the workers hang
+    args += ["--setenv", "HOME", str(scratch), "--setenv", "TMPDIR", "/tmp", "--chdir", str(scratch), "--"]
     return args + command
