@@ -66,8 +66,12 @@ def test_step_correct(learner, step, device, seed):
     if abs(got - want) > 1e-6 * abs(want):
         raise LabCheckFailed(f"mean_loss(metrics) is {got!r} after your steps, {want!r} after the provided step's "
                              "(metrics['loss_sum'] must add up every step's loss)")
+    # atol 1e-5 (1 % of AdamW's lr): Adam moves an element whose gradient is near zero by up to lr whatever that
+    # gradient's size, so the last bits of a reduction (the worker's thread count against the judge's) moved one
+    # element of 65536 by 2.4e-6 after three steps on a loaded 2-core machine; a step done wrong (clipping
+    # dropped or misplaced, a missed zero_grad) moves thousands of elements by ~lr
     for name, q in reference.named_parameters():
-        assert_close(weights.get(name), q.detach().cpu(), rtol=1e-4, atol=1e-6,
+        assert_close(weights.get(name), q.detach().cpu(), rtol=1e-4, atol=1e-5,
                      what=f"{name} after {len(batches)} steps (seed {seed}); "
                      f"the provided step clips the global gradient norm to 1.0 before AdamW")
 
