@@ -13,8 +13,9 @@ import torch.distributed as dist
 
 
 def work(value):
-    # the first launch's rank 1 aborts (a marker in the shared scratch folder remembers it); the second runs
-    marker = Path(os.environ["TMPDIR"]) / "aborted-once"
+    # the first launch's rank 1 aborts (a marker in the shared scratch folder, HOME, remembers it; TMPDIR is each
+    # sandbox's own /tmp); the second runs
+    marker = Path(os.environ["HOME"]) / "aborted-once"
     if dist.get_rank() == 1 and not marker.exists():
         marker.write_text("x")
         os.abort()
