@@ -44,7 +44,7 @@ def nvcc_ptx(source: str, arch: str, timeout_s: float = 240) -> dict[str, Any]:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return {"nvcc": None, "returncode": None, "stderr": "", "ptx": ""}
-    with tempfile.TemporaryDirectory() as tmp:  # in the worker's scratch (its TMPDIR)
+    with tempfile.TemporaryDirectory() as tmp:  # in the worker's TMPDIR: the sandbox's own /tmp
         command = [nvcc, *COMMON_NVCC_FLAGS, "-std=c++17", "-O3", f"-arch={arch}", "-c", source,
                    "-o", str(Path(tmp) / "kernel.o"), "--keep", "--keep-dir", tmp]
         try:
