@@ -39,6 +39,24 @@ def rezip(path: Path, files: dict[str, bytes], *, rehash: bool = False) -> Path:
     return path
 
 
+def publish_with_learner_text(course, tmp_path: Path, text: str) -> Path:
+    """A site published from one signed-looking bundle whose results say `text` as the device and as its first
+    check's message: what a learner writes and the instructor's published pages show."""
+    from infracourse.cohort import synthetic
+    from infracourse.cohort.gradebook import Gradebook
+    from infracourse.cohort.publish import publish
+
+    good = synthetic.write_cohort(course, tmp_path / "bundles", learners=1, seed=8, missing=0)[0]
+    files = members(good)
+    results = json.loads(files["results.json"])
+    results["device"] = text
+    results["checks"][0].update(status="failed", message=text)
+    forged = rezip(tmp_path / "forged.zip", {**files, "results.json": json.dumps(results).encode()}, rehash=True)
+    book = Gradebook.create(tmp_path / "gradebook.db", course)
+    assert book.import_bundles([forged], course).committed
+    return publish(book, course, tmp_path / "site")
+
+
 def dump(gradebook_path: Path) -> list[str]:
     """The gradebook's whole logical content, to compare before and after."""
     with closing(sqlite3.connect(gradebook_path)) as db:

@@ -31,7 +31,7 @@ from infracourse.cohort.regrade import compare
 from infracourse.course import Course
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cohort_support import Chromium, crawl, members, rezip  # noqa: E402
+from cohort_support import Chromium, crawl, members, publish_with_learner_text, rezip  # noqa: E402
 from conftest import REPO  # noqa: E402
 
 GOLDEN = REPO / "tests" / "goldens" / "cohort_site"
@@ -266,16 +266,8 @@ def test_learner_text_is_never_rendered_as_html(cohort, tmp_path):
     """A self-reported check message and device name are the learner's to write: the site shows them as
     text, and the dashboard's script only reads text (Chromium finds no element the learner injected)."""
     course, *_ = cohort
-    good = synthetic.write_cohort(course, tmp_path / "bundles", learners=1, seed=8, missing=0)[0]
-    files = members(good)
-    results = json.loads(files["results.json"])
     payload = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script>'
-    results["device"] = payload
-    results["checks"][0].update(status="failed", message=payload)
-    forged = rezip(tmp_path / "forged.zip", {**files, "results.json": json.dumps(results).encode()}, rehash=True)
-    fresh = Gradebook.create(tmp_path / "gradebook.db", course)
-    assert fresh.import_bundles([forged], course).committed
-    site = publish(fresh, course, tmp_path / "site")
+    site = publish_with_learner_text(course, tmp_path, payload)
     text = "\n".join(t for name, t in _files(site).items() if name.endswith(".html"))
     assert "<img" not in text and "<script>document" not in text and "&lt;img src=x" in text
     pages = crawl(site, tmp_path / "profile")

@@ -22,7 +22,6 @@ from typer.testing import CliRunner
 from infracourse.cohort import regrade, synthetic
 from infracourse.cohort.bundle import BundleError, submit
 from infracourse.cohort.gradebook import Gradebook, Submission
-from infracourse.cohort.publish import publish
 from infracourse.grading import output
 from infracourse.grading.confined import run_script
 from infracourse.grading.results import CheckResult, GradeResult
@@ -30,7 +29,7 @@ from infracourse.grading.runner import grade
 from infracourse.workspace import Workspace
 from infracourse import views
 
-from cohort_support import members, rezip
+from cohort_support import members, publish_with_learner_text, rezip
 from minicourse import make_course
 
 CONTROLS = ("\x1b", "\r", "\x07", "\x9b", "\u202e")
@@ -281,15 +280,7 @@ def test_a_command_gives_sigterm_back_to_its_caller(tmp_path, monkeypatch):
 
 def test_published_site_carries_no_control_characters(tmp_path):
     course = synthetic.write_course(tmp_path / "course", weeks=2, kernel_weeks=())
-    good = synthetic.write_cohort(course, tmp_path / "bundles", learners=1, seed=8, missing=0)[0]
-    files = members(good)
-    results = json.loads(files["results.json"])
-    results["device"] = HOSTILE_TEXT
-    results["checks"][0].update(status="failed", message=HOSTILE_TEXT)
-    forged = rezip(tmp_path / "forged.zip", {**files, "results.json": json.dumps(results).encode()}, rehash=True)
-    book = Gradebook.create(tmp_path / "gradebook.db", course)
-    assert book.import_bundles([forged], course).committed
-    site = publish(book, course, tmp_path / "site")
+    site = publish_with_learner_text(course, tmp_path, HOSTILE_TEXT)
     pages = [p.read_text() for p in site.rglob("*.html")]
     assert any("forged" in page for page in pages), "the forged message is published (as text)"
     for page in pages:
