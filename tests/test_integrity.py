@@ -1,12 +1,12 @@
 """Grader integrity: every known way of fooling a kernel benchmark fails against the shared harness
-(guard, bench, compare, grading.perf). CPU-only: Triton kernels run in the interpreter and bench.measure
-times on the host; the GPU-only paths (side streams, the caching allocator) are in test_integrity_gpu.py.
-Each cheat is a small working function, so each test shows the defence, not a stub."""
+(observe, verdicts, bench, compare, grading.perf). CPU-only: Triton kernels run in the interpreter and
+bench.measure times on the host; the GPU-only paths (side streams, the caching allocator) are in
+test_integrity_gpu.py. Learner functions are called in a grading worker, as graders call them. Each cheat is a
+small working function, so each test shows the defence, not a stub."""
 from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 
 import pytest
@@ -14,54 +14,197 @@ import torch
 
 from infracourse import bench
 from infracourse.compare import assert_close
+from infracourse.failures import LabCheckFailed
 from infracourse.grading import perf
-from infracourse.guard import LabCheckFailed, fenced, require_plain_tensor, require_possible, run_watched
+from infracourse.grading.inputs import tensors
+from infracourse.grading.verdicts import fenced, require_plain_tensor, require_possible, run_watched
 from infracourse.hardware import Ceilings
 
 ROWS, COLS = 6, 1000
 
 
 # ----------------------------------------------------------------- small Triton softmaxes, right and wrong
+KERNELS = """
+import threading
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_softmax(x_ptr, y_ptr, n, BLOCK: tl.constexpr, SUBTRACT_MAX: tl.constexpr, MASK_LOAD: tl.constexpr,
+                MASK_STORE: tl.constexpr, FP16: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    offsets = tl.program_id(0) * n + cols
+    if MASK_LOAD:
+        x = tl.load(x_ptr + offsets, mask=cols < n, other=-float("inf"))
+    else:
+        x = tl.load(x_ptr + offsets)
+    x = x.to(tl.float16) if FP16 else x.to(tl.float32)
+    if SUBTRACT_MAX:
+        x = x - tl.max(x, axis=0)
+    numerator = tl.exp(x)
+    y = numerator / tl.sum(numerator, axis=0)
+    if MASK_STORE:
+        tl.store(y_ptr + offsets, y.to(tl.float32), mask=cols < n)
+    else:
+        tl.store(y_ptr + offsets, y.to(tl.float32))
+
+
+def _launch(x, subtract_max=True, mask_load=True, mask_store=True, fp16=False):
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    row_softmax[(x.shape[0],)](x, y, n, BLOCK=triton.next_power_of_2(n), SUBTRACT_MAX=subtract_max,
+                               MASK_LOAD=mask_load, MASK_STORE=mask_store, FP16=fp16)
+    return y
+
+
+def softmax(x):
+    return _launch(x)
+
+
+def no_max_subtraction(x):
+    return _launch(x, subtract_max=False)
+
+
+def no_load_mask(x):
+    return _launch(x, mask_load=False)
+
+
+def no_store_mask(x):
+    return _launch(x, mask_store=False)
+
+
+def in_fp16(x):
+    return _launch(x, fp16=True)
+"""
+
+# Cheats: launch the right kernel for show, return what torch computed (`{compute}` is the expression).
+CHEAT = """
+
+def cheat_{name}(x):
+    _launch(x)
+    return {compute}
+"""
+
+LIBRARY_CHEATS = {
+    "torch.softmax": "torch.softmax(x, dim=-1)",
+    "F.softmax": "torch.nn.functional.softmax(x, dim=-1)",
+    "Tensor.softmax": "x.softmax(-1)",
+    "exp / sum by hand": "(x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp().sum(-1, "
+                         "keepdim=True)",
+    "on another thread": "_in_a_thread(x)",
+}
+
+OTHER_CHEATS = """
+
+def _in_a_thread(x):
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("y", torch.softmax(x, dim=-1)))
+    worker.start()
+    worker.join()
+    return result["y"]
+
+
+SMUGGLED = {}  # the interpreter runs a kernel body with its module's globals
+
+
+@triton.jit
+def smuggler(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    SMUGGLED["y"] = torch.softmax(SMUGGLED["x"], dim=-1)
+    cols = tl.arange(0, BLOCK)
+    tl.store(y_ptr + cols, tl.load(x_ptr + cols, mask=cols < n), mask=cols < n)
+
+
+def smuggled(x):
+    SMUGGLED["x"] = x
+    smuggler[(1,)](x, torch.empty_like(x), x.numel(), BLOCK=1024)
+    return SMUGGLED["y"]
+
+
+def no_kernel(x):
+    return torch.empty_like(x)
+
+
+def overwrite_then_answer(x):
+    x.zero_()  # softmax of zeros is uniform: a reference computed from x afterwards would agree
+    return torch.full_like(x, 1 / x.shape[-1])
+
+
+def skips_last(x):  # the last element never written (poisoned outputs start as NaN)
+    out = torch.empty_like(x)
+    out[:-1] = x[:-1] * 2
+    return out
+
+
+def reads_past(x):  # shifted by one, the element past the end read where the storage has one
+    room = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
+    beyond = x.as_strided((1,), (1,), x.storage_offset() + x.numel()) if room > x.numel() else x.new_zeros(1)
+    return torch.cat([x[1:], beyond]) * 2
+
+
+def skipped(x, y):  # claims to move a GB, returns at once (a cached or skipped computation)
+    return x
+
+
+def add(x, y):
+    return x + y
+
+
+def _do_bench(kernel_call, quantiles=None):  # launches each configuration a few times, under the interpreter
+    for _ in range(3):
+        kernel_call()
+    return [1.0, 1.0, 1.0]
+
+
+def _pre_hook(nargs):
+    SMUGGLED["sum"] = torch.add(nargs["x_ptr"], nargs["y_ptr"])
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 16}, pre_hook=_pre_hook),
+                          triton.Config({"BLOCK": 32}, pre_hook=_pre_hook)], key=["n"], do_bench=_do_bench)
+@triton.jit
+def hooked_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+def hooked_add(x, y):
+    out = torch.empty_like(x)
+    hooked_add_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, y, out, x.numel())
+    return out
+"""
+
+
+def _cheat_name(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower())
+
+
+def _start_worker(folder, source: str):
+    from infracourse.grading.remote import Worker
+
+    folder.mkdir()
+    (folder / "softmaxes.py").write_text(source)
+    return Worker(folder, gpu=False)
+
+
 @pytest.fixture(scope="module")
-def kernels():
-    """Row softmax kernels under the Triton interpreter (decorated with TRITON_INTERPRET=1, which is read
-    when @triton.jit runs), in a right version and the wrong ones the defences must catch."""
+def learner(tmp_path_factory):
+    """Two learners' modules in grading workers under the Triton interpreter, as a CPU grade runs them: the
+    right kernel and its wrong variants, and the same with the cheats beside them."""
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
+    root = tmp_path_factory.mktemp("integrity")
+    cheats = KERNELS + OTHER_CHEATS + "".join(CHEAT.format(name=_cheat_name(n), compute=c)
+                                              for n, c in LIBRARY_CHEATS.items())
+    workers = {"honest": _start_worker(root / "honest", KERNELS), "cheats": _start_worker(root / "cheats", cheats)}
     try:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def row_softmax(x_ptr, y_ptr, n, BLOCK: tl.constexpr, SUBTRACT_MAX: tl.constexpr, MASK_LOAD: tl.constexpr,
-                        MASK_STORE: tl.constexpr, FP16: tl.constexpr):
-            cols = tl.arange(0, BLOCK)
-            offsets = tl.program_id(0) * n + cols
-            if MASK_LOAD:
-                x = tl.load(x_ptr + offsets, mask=cols < n, other=-float("inf"))
-            else:
-                x = tl.load(x_ptr + offsets)
-            x = x.to(tl.float16) if FP16 else x.to(tl.float32)
-            if SUBTRACT_MAX:
-                x = x - tl.max(x, axis=0)
-            numerator = tl.exp(x)
-            y = numerator / tl.sum(numerator, axis=0)
-            if MASK_STORE:
-                tl.store(y_ptr + offsets, y.to(tl.float32), mask=cols < n)
-            else:
-                tl.store(y_ptr + offsets, y.to(tl.float32))
-
-        def make(subtract_max=True, mask_load=True, mask_store=True, fp16=False):
-            def softmax(x):
-                y = torch.empty_like(x)
-                n = x.shape[-1]
-                row_softmax[(x.shape[0],)](x, y, n, BLOCK=triton.next_power_of_2(n), SUBTRACT_MAX=subtract_max,
-                                           MASK_LOAD=mask_load, MASK_STORE=mask_store, FP16=fp16)
-                return y
-            return softmax
-
-        yield make
+        yield {name: worker.module("softmaxes") for name, worker in workers.items()}
     finally:
+        for worker in workers.values():
+            worker.close()
         if saved is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
@@ -76,31 +219,19 @@ def _expected(x):
     return torch.softmax(x.double(), dim=-1)
 
 
-def test_the_right_kernel_passes_every_defence(kernels):
-    softmax = kernels()
+def test_the_right_kernel_passes_every_defence(learner):
     for x in (_rows(), _rows(offset=1e4), fenced(_rows(scale=1e3))):
-        out = run_watched(softmax, x, name="softmax", replaces="torch.softmax")
+        out = run_watched(learner["honest"].softmax, x, name="softmax", replaces="torch.softmax")
         require_plain_tensor(out, like=x)
         assert_close(out, _expected(x))
 
 
 # ----------------------------------------------------------------- calling the library op
-def _with_show_kernel(kernels, compute):
-    """A cheat: launch the right kernel for show, return what torch computed."""
-    show = kernels()
-
-    def cheat(x):
-        show(x)
-        return compute(x)
-    return cheat
-
-
-def _in_a_thread(x):
-    result = {}
-    worker = threading.Thread(target=lambda: result.setdefault("y", torch.softmax(x, dim=-1)))
-    worker.start()
-    worker.join()
-    return result["y"]
+@pytest.mark.parametrize("name", list(LIBRARY_CHEATS))
+def test_calling_the_library_op_fails_kernel_did_work(learner, name):
+    cheat = getattr(learner["cheats"], f"cheat_{_cheat_name(name)}")
+    with pytest.raises(LabCheckFailed, match=r"called torch compute ops \[.*(softmax|exp|amax|sum)"):
+        run_watched(cheat, _rows(), name="softmax", replaces="torch.softmax")
 
 
 def _dispatch_mode_switched_off(x):
@@ -115,65 +246,38 @@ def _python_dispatch_excluded(x):
         return torch.softmax(x, dim=-1)
 
 
-LIBRARY_CHEATS = {
-    "torch.softmax": lambda x: torch.softmax(x, dim=-1),
-    "F.softmax": lambda x: torch.nn.functional.softmax(x, dim=-1),
-    "Tensor.softmax": lambda x: x.softmax(-1),
-    "aten._softmax directly": lambda x: torch.ops.aten._softmax.default(x, -1, False),
-    "exp / sum by hand": lambda x: (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp()
-    .sum(-1, keepdim=True),
-    "on another thread": _in_a_thread,
-    "with the dispatch mode switched off": _dispatch_mode_switched_off,
-    "with Python dispatch excluded": _python_dispatch_excluded,
-}
+@pytest.mark.parametrize("dodge", [_dispatch_mode_switched_off, _python_dispatch_excluded,
+                                   lambda x: torch.ops.aten._softmax.default(x, -1, False)])
+def test_ops_reached_past_the_dispatch_mode_are_still_seen(dodge):
+    """The dispatch mode switched off, Python dispatch excluded, the aten op called directly: in a grade the
+    judge's reading of the sources refuses these private APIs before any call (test_provenance); the profiler
+    beside the dispatch mode sees the op all the same."""
+    from infracourse.observe import watch_call
+
+    with watch_call() as record:
+        dodge(_rows())
+    assert "_softmax" in record.compute_ops()
 
 
-@pytest.mark.parametrize("name", list(LIBRARY_CHEATS))
-def test_calling_the_library_op_fails_kernel_did_work(kernels, name):
-    cheat = _with_show_kernel(kernels, LIBRARY_CHEATS[name])
-    with pytest.raises(LabCheckFailed, match=r"called torch compute ops \[.*(softmax|exp|amax|sum)"):
-        run_watched(cheat, _rows(), name="softmax", replaces="torch.softmax")
-
-
-SMUGGLED: dict = {}  # the interpreter runs a kernel body with its module's globals
-
-
-def test_torch_called_inside_an_interpreted_kernel_body_is_seen(kernels):
+def test_torch_called_inside_an_interpreted_kernel_body_is_seen(learner):
     # Under the interpreter a kernel body is plain Python: a torch call there is the learner's, not Triton's.
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def smuggler(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-            SMUGGLED["y"] = torch.softmax(SMUGGLED["x"], dim=-1)
-            cols = tl.arange(0, BLOCK)
-            tl.store(y_ptr + cols, tl.load(x_ptr + cols, mask=cols < n), mask=cols < n)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-    def cheat(x):
-        SMUGGLED["x"] = x
-        smuggler[(1,)](x, torch.empty_like(x), x.numel(), BLOCK=1024)
-        return SMUGGLED["y"]
-
     with pytest.raises(LabCheckFailed, match="_softmax"):
-        run_watched(cheat, _rows(), name="softmax", replaces="torch.softmax")
+        run_watched(learner["cheats"].smuggled, _rows(), name="softmax", replaces="torch.softmax")
 
 
-def test_no_kernel_at_all_fails(kernels):
+def test_no_kernel_at_all_fails(learner):
     with pytest.raises(LabCheckFailed, match="launched no Triton kernel"):
-        run_watched(lambda x: torch.empty_like(x), _rows(), name="softmax")
+        run_watched(learner["cheats"].no_kernel, _rows(), name="softmax")
+
+
+def test_a_local_function_is_not_judged_as_a_learners():
+    with pytest.raises(TypeError, match="grading worker"):
+        run_watched(lambda x: x, _rows(), name="softmax")
 
 
 # ----------------------------------------------------------------- numerics: overflow, masks, precision
-def test_no_max_subtraction_fails_the_overflow_check(kernels):
-    naive = kernels(subtract_max=False)
+def test_no_max_subtraction_fails_the_overflow_check(learner):
+    naive = learner["honest"].no_max_subtraction
     x = _rows()
     assert_close(naive(x), _expected(x))  # ordinary values: the naive kernel is right...
     for big in (_rows(offset=1e4), _rows(offset=-1e4), _rows(scale=1e3)):
@@ -181,23 +285,23 @@ def test_no_max_subtraction_fails_the_overflow_check(kernels):
             assert_close(naive(big), _expected(big))  # ...until exp overflows (inf/inf) or underflows (0/0)
 
 
-def test_missing_tail_mask_on_load_reads_the_fence(kernels):
+def test_missing_tail_mask_on_load_reads_the_fence(learner):
     x = fenced(_rows()[:1])  # one row of 1000: a block of 1024 runs 24 elements past the end
-    out = run_watched(kernels(mask_load=False), x, name="softmax")
+    out = run_watched(learner["honest"].no_load_mask, x, name="softmax")
     with pytest.raises(LabCheckFailed, match="NaN"):
         assert_close(out, _expected(x))
 
 
-def test_missing_tail_mask_on_store_hits_a_canary(kernels):
+def test_missing_tail_mask_on_store_hits_a_canary(learner):
     with pytest.raises(LabCheckFailed, match=r"wrote \d+ element\(s\) outside"):
-        run_watched(kernels(mask_store=False), _rows(), name="softmax")
+        run_watched(learner["honest"].no_store_mask, _rows(), name="softmax")
 
 
-def test_fp32_computed_in_fp16_fails_the_fp32_tolerance(kernels):
+def test_fp32_computed_in_fp16_fails_the_fp32_tolerance(learner):
     x = _rows()
-    assert_close(kernels()(x), _expected(x))
+    assert_close(learner["honest"].softmax(x), _expected(x))
     with pytest.raises(LabCheckFailed, match="out of tolerance"):
-        assert_close(kernels(fp16=True)(x), _expected(x))
+        assert_close(learner["honest"].in_fp16(x), _expected(x))
 
 
 def test_a_failure_says_whether_whole_blocks_are_wrong_or_precision_is_lost():
@@ -220,19 +324,10 @@ def test_a_failure_says_whether_whole_blocks_are_wrong_or_precision_is_lost():
     assert "rest of the output is right" not in str(failure.value)
 
 
-def test_nan_between_fences_is_told_apart_never_written_from_read_past_the_end():
-    from infracourse.guard import explain_nan, fenced
+def test_nan_between_fences_is_told_apart_never_written_from_read_past_the_end(learner):
+    from infracourse.grading.verdicts import explain_nan
 
-    def skips_last(x):  # the last element never written (poisoned outputs start as NaN)
-        out = torch.empty_like(x)
-        out[:-1] = x[:-1] * 2
-        return out
-
-    def reads_past(x):  # shifted by one, the element past the end read where the storage has one
-        room = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
-        beyond = x.as_strided((1,), (1,), x.storage_offset() + x.numel()) if room > x.numel() else x.new_zeros(1)
-        return torch.cat([x[1:], beyond]) * 2
-
+    skips_last, reads_past = learner["cheats"].skips_last, learner["cheats"].reads_past
     x = fenced(torch.randn(10))
     with pytest.raises(LabCheckFailed, match=r"1 output element\(s\) never written \(first at \[9\]"):
         explain_nan(skips_last, (x,), name="f", what="f", never_written="", past_end="")
@@ -335,7 +430,7 @@ def test_skipping_the_work_on_calls_a_fixed_schedule_would_not_check_is_caught()
         bench.measure(lazy_softmax, make_args=_fresh, check=_check_softmax, reps=200, device="cpu")
 
 
-def test_a_function_that_changes_its_input_is_caught():
+def test_a_function_that_changes_its_input_is_caught(learner):
     def overwrite_then_answer(x):
         x.zero_()  # softmax of zeros is uniform: a reference computed from x afterwards would agree
         return torch.full_like(x, 1 / x.shape[-1])
@@ -343,7 +438,7 @@ def test_a_function_that_changes_its_input_is_caught():
     with pytest.raises(LabCheckFailed, match="modified its input"):
         bench.measure(overwrite_then_answer, make_args=_fresh, check=_check_softmax, reps=20, device="cpu")
     with pytest.raises(LabCheckFailed, match="modified its input"):
-        run_watched(overwrite_then_answer, _rows(), name="softmax", require_kernel=False)
+        run_watched(learner["cheats"].overwrite_then_answer, _rows(), name="softmax", require_kernel=False)
 
 
 def test_checks_see_a_private_copy_of_the_inputs():
@@ -389,15 +484,16 @@ def test_cpu_timings_have_no_wall_cross_check():
     assert not timing.escaped and timing.seconds == 1e-3
 
 
-def test_timed_rejects_an_escaped_timing(monkeypatch):
-    escaped = _timing(2e-6, 400e-6)
-
-    def fake_measure(fn, **kwargs):
-        return escaped
-
-    monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setitem(perf._GENUINE, "bench.measure", fake_measure)  # the harness itself, not a learner
+def test_timed_rejects_an_escaped_timing(learner, monkeypatch):
+    """The worker's events saw far less than the judge's device-wide clock (what a side stream gives on a GPU,
+    where test_integrity_gpu runs the real thing): timed refuses the figure."""
+    monkeypatch.setattr(perf, "_timed_in_worker", lambda *args: _timing(2e-6, 400e-6))
     with pytest.raises(LabCheckFailed, match="ran outside the timed stream"):
+        perf.timed(learner["cheats"].add, tensors([[8], [8]], device="cpu"), check=lambda out, args: None)
+
+
+def test_timed_refuses_a_local_function():
+    with pytest.raises(TypeError, match="grading worker"):
         perf.timed(lambda: None, lambda: (), check=lambda out, args: None)
 
 
@@ -413,25 +509,21 @@ def test_require_possible_floors():
         require_possible(1e-6, flops=1e12, peak_tflops=100)
 
 
-def test_timed_rejects_a_time_faster_than_the_device_allows():
-    x = _rows()
-
-    def skipped(x):  # claims to move a GB, returns at once (a cached or skipped computation)
-        return x
-
+def test_timed_rejects_a_time_faster_than_the_device_allows(learner):
+    skipped, inputs = learner["cheats"].skipped, tensors([[ROWS, COLS], [1]], device="cpu", seed=4)
     with pytest.raises(LabCheckFailed, match="did not do the work"):
-        perf.timed(skipped, lambda: (x,), check=lambda out, args: None, bytes_moved=1e9, ceilings=CEILINGS)
-    perf.timed(skipped, lambda: (x,), check=lambda out, args: None, bytes_moved=8, ceilings=CEILINGS)
+        perf.timed(skipped, inputs, check=lambda out, args: None, bytes_moved=1e9, ceilings=CEILINGS, calls=4)
+    perf.timed(skipped, inputs, check=lambda out, args: None, bytes_moved=8, ceilings=CEILINGS, calls=4)
 
 
 @pytest.mark.parametrize("target, name", [(time, "perf_counter"), (statistics, "median"),
                                           (torch.cuda, "synchronize"), (torch.cuda.Event, "elapsed_time"),
                                           (bench.Timing, "seconds")])
-def test_timed_refuses_a_replaced_clock(monkeypatch, target, name):
-    # what a learner's module could do at import, in the grader's process
+def test_the_judges_timing_refuses_a_replaced_clock(monkeypatch, target, name):
+    # what code loaded into the judge's process after the grader could do: the library op it times is refused
     monkeypatch.setattr(target, name, property(lambda self: 0.0) if target is bench.Timing else lambda *a, **k: 0.0)
     with pytest.raises(LabCheckFailed, match="replaced the clock"):
-        perf.timed(lambda: None, lambda: (), check=lambda out, args: None)
+        perf.reference_time(torch.neg, lambda: (_rows(),))
 
 
 @pytest.mark.slow
@@ -440,7 +532,7 @@ def test_a_cpp_extension_calling_at_softmax_is_seen(tmp_path):
     where both observers see it (kernel-did-work checks the CUDA route this way on a GPU)."""
     from torch.utils.cpp_extension import load_inline
 
-    from infracourse.guard import watch_call
+    from infracourse.observe import watch_call
 
     extension = load_inline(name="infracourse_integrity_cheat", build_directory=str(tmp_path),
                             cpp_sources="torch::Tensor softmax(torch::Tensor x) { return torch::softmax(x, -1); }",
@@ -459,14 +551,14 @@ def test_a_cpp_extension_calling_at_softmax_is_seen(tmp_path):
     ("not_an_aten_op", "compute"),
 ])
 def test_ops_are_classified_by_their_schema(name, effect):
-    from infracourse.guard import op_effect
+    from infracourse.observe import op_effect
 
     assert op_effect(name) == effect
 
 
 def test_allocations_and_views_in_an_honest_kernel_are_not_compute():
     """The ops an honest kernel wrapper uses to allocate and shape its output (issue 9: they used to fail)."""
-    from infracourse.guard import watch_call
+    from infracourse.observe import watch_call
 
     x = torch.randn(4, 6)
     with watch_call() as record:
@@ -477,7 +569,7 @@ def test_allocations_and_views_in_an_honest_kernel_are_not_compute():
     assert {"add", "_softmax", "mm"} <= set(record.compute_ops())
 
 
-def _autotuned_add(pre_hook=None, reps=200):
+def _autotuned_add(reps=200):
     """An add autotuned over two tile sizes, with a do_bench that launches each configuration `reps` times after
     an L2-flush-like zero_ (as Triton's does), so it runs under the interpreter."""
     saved = os.environ.get("TRITON_INTERPRET")
@@ -494,7 +586,7 @@ def _autotuned_add(pre_hook=None, reps=200):
                 kernel_call()
             return [1.0, 1.0, 1.0]
 
-        configs = [triton.Config({"BLOCK": 16}, pre_hook=pre_hook), triton.Config({"BLOCK": 32}, pre_hook=pre_hook)]
+        configs = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})]
 
         @triton.autotune(configs=configs, key=["n"], do_bench=do_bench)
         @triton.jit
@@ -519,7 +611,7 @@ def test_the_autotuners_benchmarking_is_not_the_learners_call_but_the_chosen_lau
     """Triton benchmarks each configuration thousands of times inside a watched call (week 9's first call of a
     shape): those launches and their L2 flushes are Triton's, and recording them cost ~1.3 s a configuration
     on the H200. The launch of the chosen configuration is the learner's."""
-    from infracourse.guard import watch_call
+    from infracourse.observe import watch_call
 
     add = _autotuned_add(reps=200)
     x, y = torch.randn(100), torch.randn(100)
@@ -532,14 +624,9 @@ def test_the_autotuners_benchmarking_is_not_the_learners_call_but_the_chosen_lau
     assert record.inputs_read == [0, 1] and record.output_written
 
 
-def test_torch_compute_in_an_autotune_pre_hook_is_seen():
+def test_torch_compute_in_an_autotune_pre_hook_is_seen(learner):
     """A configuration's pre-hook runs before every launch of the chosen configuration, in the learner's call:
     computing the answer there with torch is recorded like anywhere else."""
-    smuggled = {}
-
-    def pre_hook(nargs):
-        smuggled["sum"] = torch.add(nargs["x_ptr"], nargs["y_ptr"])
-
-    add = _autotuned_add(pre_hook=pre_hook, reps=3)
     with pytest.raises(LabCheckFailed, match="add"):
-        run_watched(add, torch.randn(100), torch.randn(100), name="add", replaces="torch.add")
+        run_watched(learner["cheats"].hooked_add, torch.randn(100), torch.randn(100), name="add",
+                    replaces="torch.add")

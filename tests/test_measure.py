@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 from infracourse.course import Course
 from infracourse.grading.measure import figures_of_grade, measuring_checks, write_figures
 from infracourse.grading.results import CheckResult, GradeResult
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 from infracourse.workspace import Workspace
 
 from conftest import REPO

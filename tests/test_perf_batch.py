@@ -108,7 +108,7 @@ def test_timed_through_the_worker_fails_when_the_clocked_calls_are_wrong(tmp_pat
 
     from infracourse.grading import perf
     from infracourse.grading.inputs import tensors
-    from infracourse.guard import LabCheckFailed
+    from infracourse.failures import LabCheckFailed
 
     # right for its first calls (what a grader checking only a warm-up call would see), wrong afterwards
     worker = _worker_with(tmp_path, "calls = 0\n"
@@ -170,7 +170,7 @@ def test_clocked_calls_follow_the_wrappers_copies_but_not_a_result_computed_anot
 
     from infracourse.grading import perf
     from infracourse.grading.inputs import tensors
-    from infracourse.guard import LabCheckFailed
+    from infracourse.failures import LabCheckFailed
 
     worker = _worker_with(tmp_path, "import torch\n" + ADD_KERNEL + "\n\ndef add(x, y):\n" + body)
 
@@ -363,7 +363,7 @@ def test_a_timed_forward_and_backward_counts_kernels_launched_from_any_thread(tm
     from infracourse.grading import perf
     from infracourse.grading.inputs import tensors
     from infracourse.grading.protocol import WorkerObject
-    from infracourse.guard import LabCheckFailed
+    from infracourse.failures import LabCheckFailed
 
     worker = _worker_with(tmp_path, f"USE_KERNEL = {use_kernel}\n" + DOUBLE_WITH_A_THREADED_BACKWARD)
 

@@ -14,7 +14,7 @@ import yaml
 from infracourse.grading.forbidden import scan_module
 from infracourse.grading.kernel_reach import kernel_findings
 from infracourse.grading.provenance import native_code_allowed, read_sources, require_clean_sources
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 
 REPO = Path(__file__).resolve().parent.parent
 FORGERS = REPO / "tests" / "fixtures" / "provenance" / "week07"
@@ -43,7 +43,7 @@ FORBIDDEN = {
     "gc.get_objects": ("import gc\ngc.get_objects()", "gc.get_objects"),
     "gc.get_referrers": ("import gc\ngc.get_referrers(1)", "gc.get_referrers"),
     "gc.get_referents": ("from gc import get_referents\nget_referents(1)", "gc.get_referents"),
-    "sys.modules read": ("import sys\nm = sys.modules['infracourse.guard']", "sys.modules"),
+    "sys.modules read": ("import sys\nm = sys.modules['infracourse.observe']", "sys.modules"),
     "sys.modules imported": ("from sys import modules", "sys.modules"),
     "sys.modules by getattr": ("import sys\ngetattr(sys, 'modules')", "sys.modules"),
     "sys.meta_path": ("import sys\nsys.meta_path.insert(0, None)", "sys.meta_path"),
@@ -92,7 +92,7 @@ FORBIDDEN = {
     "__class__ assignment": ("def f(o):\n    o.__class__ = int", "assigning __class__"),
     "object.__setattr__ on another object": ("import torch\nobject.__setattr__(torch, 'add', None)",
                                              "object.__setattr__ on another object"),
-    "the guard": ("from infracourse import guard", "infracourse.guard"),
+    "the observers": ("from infracourse import observe", "infracourse.observe"),
     "the worker": ("import infracourse.grading.worker", "infracourse.grading"),
     "the grading package by attribute": ("import infracourse\ninfracourse.grading", "infracourse.grading"),
     "/proc/self/mem": ("open('/proc/self/mem', 'rb')", "/proc/self/mem"),
@@ -336,7 +336,7 @@ def test_each_forger_is_flagged(tmp_path, forger, construct):
 
 @pytest.mark.slow
 def test_week07_forged_records_fail_kernel_did_work_and_the_reference_passes(grade_lab):
-    """A torch add whose watched calls the worker records as kernel launches (the guard reached through
+    """A torch add whose watched calls the worker records as kernel launches (the observers reached through
     sys.modules) passes every record-based defence; the judge's reading fails it. The reference passes."""
     forged = (FORGERS / "forged_sys_modules.py").read_text()
     result, checks = grade_lab("week07", edits={"vector_ops.py": forged})

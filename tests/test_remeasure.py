@@ -11,7 +11,7 @@ CHECKS = ("  - {id: answers, title: \"answers\"}\n"
           "  - {id: wrong, title: \"timed, wrong output\", kind: performance, requires: [answers]}\n")
 GRADERS = '''import pytest
 
-from infracourse.guard import LabCheckFailed, WrongOutput
+from infracourse.failures import LabCheckFailed, WrongOutput
 
 tries = {"flaky": 0, "once": 0, "wrong": 0}
 

@@ -10,7 +10,7 @@ import pytest
 from infracourse.course import Course
 from infracourse.grading.report import stamp_environment
 from infracourse.grading.report_check import FIGURES_BLOCK, _agree, check_report, read_figures
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 from infracourse.syllabus import Report, load_lab
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from infracourse.course import Course, NoTrackChosen
 from infracourse.grading.estimate import check_formula, check_measured
 from infracourse.grading.project import check_lock, parse_data, parse_evidence, pin_lock, read_project
 from infracourse.grading.results import CheckResult, GradeResult
-from infracourse.guard import LabCheckFailed, WrongOutput
+from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.hardware import detect
 from infracourse.plan import plan, rent_total
 from infracourse.workspace import Workspace

@@ -199,14 +199,14 @@ def measure(
 
 
 def _snapshot(args: tuple) -> list:
-    from infracourse.guard import snapshot_inputs
+    from infracourse.observe import snapshot_inputs
 
     return snapshot_inputs(args)
 
 
 def _verify(check: Callable[[Any, tuple], None], out: Any, args: tuple, snapshot: list) -> None:
     """The call must have left its arguments unchanged; `check` then judges the output on the private copy."""
-    from infracourse.guard import require_inputs_unchanged
+    from infracourse.observe import require_inputs_unchanged
 
     require_inputs_unchanged(args, snapshot, "the timed function")
     check(out, tuple(arg if copy is None else copy for arg, copy in zip(args, snapshot)))

@@ -437,7 +437,7 @@ def measure(week: Optional[str] = WeekArg, workspace: Optional[Path] = Workspace
     """Measure the figures your report states as the grader does, on this machine and your code, and write them
     into report.md's figures block (the diff is shown). The grade it takes is not recorded."""
     from infracourse.grading.measure import diff, figures_of_grade, measuring_checks, write_figures
-    from infracourse.guard import LabCheckFailed
+    from infracourse.failures import LabCheckFailed
 
     ws, course = _context(workspace)
     w = _week(course, week, ws)
@@ -465,7 +465,7 @@ def measure(week: Optional[str] = WeekArg, workspace: Optional[Path] = Workspace
 def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
     """Write this machine's environment into the week's report.md."""
     from infracourse.grading.report import stamp_environment
-    from infracourse.guard import LabCheckFailed
+    from infracourse.failures import LabCheckFailed
     from infracourse.hardware import detect
 
     ws, course = _context(workspace)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 
 # (rtol, atol) per output dtype, for elementwise ops whose reference is exact in float64.
 TOLERANCES = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
-from infracourse.guard import LabCheckFailed, WrongOutput
+from infracourse.failures import LabCheckFailed, WrongOutput
 
 
 def _number(value: Any, what: str) -> float:

@@ -60,7 +60,7 @@ class Learner:
         """A file of the snapshot. Symbolic links are refused: the snapshot holds the learner's own files only."""
         path = self.root / name
         if path.is_symlink():
-            from infracourse.guard import LabCheckFailed
+            from infracourse.failures import LabCheckFailed
 
             raise LabCheckFailed(f"{name} is a symbolic link: submit the file itself")
         return path

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from infracourse.grading.report_check import FIGURES_BLOCK
 from infracourse.grading.results import GradeResult
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 from infracourse.syllabus import Lab, ReportFigure
 
 

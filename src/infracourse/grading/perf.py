@@ -21,7 +21,8 @@ import torch
 
 from infracourse import bench
 from infracourse.bench import HOLD_FACTOR, HOLD_S, MAX_HOLD_S, MAX_HOST_S, clocked_batch  # noqa: F401 (one rule)
-from infracourse.guard import LabCheckFailed, require_possible
+from infracourse.failures import LabCheckFailed
+from infracourse.grading.verdicts import require_possible
 
 
 def _timing_primitives() -> dict[str, Any]:
@@ -58,7 +59,7 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
           require_kernel: bool = False, calls: int = BATCH_CALLS) -> bench.Timing:
     """Time fn on fresh inputs, verifying outputs of timed calls; fail when the timing cannot be trusted.
 
-    For a learner function (a grading.remote.RemoteObject), `make_args` is a `WorkerObject` naming a course
+    `fn` is a learner function (a grading.remote.RemoteObject); `make_args` is a `WorkerObject` naming a course
     input generator `gen(index) -> args` (grading.inputs): the worker and the judge build the same inputs
     from it, so the judge checks the worker's outputs against its own copy of each call's inputs.
     `require_kernel` (a learner's kernel timed directly) also fails timed calls that launched no Triton kernel
@@ -66,12 +67,10 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
     judge-clocked batch (fewer for a call that is itself long, such as several training steps)."""
     from infracourse.grading.remote import RemoteObject
 
-    if isinstance(fn, RemoteObject):
-        timing = _timed_in_worker(fn, make_args, check, label, require_kernel, calls)
-    else:
-        require_genuine_timing()
-        timing = bench.measure(fn, make_args=make_args, check=check)
-        require_genuine_timing()  # also replaced during the timed calls?
+    if not isinstance(fn, RemoteObject):
+        raise TypeError(f"timed times a learner function in the grading worker, not {type(fn).__name__}: pass an "
+                        "object of the `learner` fixture (a library op is timed with reference_time)")
+    timing = _timed_in_worker(fn, make_args, check, label, require_kernel, calls)
     if timing.escaped:
         raise LabCheckFailed(
             f"{label}: CUDA events saw {timing.median_s * 1e6:.1f} us per call but the device-wide clock saw "

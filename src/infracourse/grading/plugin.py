@@ -30,7 +30,7 @@ from infracourse.grading.fixtures import CHECK_KEY
 from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure
-from infracourse.guard import LabCheckFailed, WrongOutput
+from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "

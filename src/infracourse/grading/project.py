@@ -37,7 +37,7 @@ import yaml
 from infracourse.grading.confined import ScriptRun, run_script
 from infracourse.grading.report import PLACEHOLDER, sections
 from infracourse.grading.report_check import _words, check_environment, compare_figures, read_figures
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 
 PROJECT_SECTIONS = (
     "Question and hypothesis", "Architecture", "Environment", "Run command", "Baseline", "Bottleneck evidence",

@@ -15,7 +15,7 @@ construct, fix):
 Verdicts (each raises `LabCheckFailed` with the first finding, on one line):
 - `require_clean_sources(learner_dir)`: every watched call (grading.remote) runs it on its answer, and a
   check that rests on anything else the worker reports calls it;
-- `require_own_kernel(fn)`, in a kernel lab's kernel-did-work (guard.run_watched calls it) and timed checks.
+- `require_own_kernel(fn)`, in a kernel lab's kernel-did-work (verdicts.run_watched calls it) and timed checks.
 `cohort regrade` stores `read_sources(...)` with each result, for the instructor.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 
 # Files Python could import or run from the snapshot that are not source this reading can check.
 OPAQUE_SUFFIXES = (".so", ".pyd", ".pyc", ".pyo", ".dylib", ".zip", ".egg", ".whl")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 from infracourse.hardware import Hardware
 
 SECTIONS = (

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from infracourse.grading.report import PLACEHOLDER, SECTIONS, sections
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 from infracourse.hardware import Hardware
 from infracourse.syllabus import Report, ReportFigure
 

@@ -37,7 +37,7 @@ from typing import Iterator, Sequence
 from infracourse import sandbox
 from infracourse.grading import output
 from infracourse.grading.torchrun import kill_tree
-from infracourse.guard import LabCheckFailed
+from infracourse.failures import LabCheckFailed
 from infracourse.kit.loadgen import UnixHTTPConnection
 
 SOCKET_NAME = "server.sock"

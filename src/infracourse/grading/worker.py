@@ -170,7 +170,7 @@ class Worker:
         watch = header.get("watch")
         record: dict = {}
         if watch is not None:
-            from infracourse.guard import snapshot_inputs, watch_call
+            from infracourse.observe import snapshot_inputs, watch_call
 
             flat = list(args) + list(kwargs.values())
             before = snapshot_inputs(tuple(flat))
@@ -211,7 +211,7 @@ class Worker:
         import torch
 
         from infracourse import bench
-        from infracourse.guard import derive_by_value, record_launches, watch_call
+        from infracourse.observe import derive_by_value, record_launches, watch_call
 
         fn = self.objects[header["target"]]
         make_args = decoder.decode(header["make_args"])
@@ -269,7 +269,7 @@ class Worker:
 
         from infracourse import bench
         from infracourse.grading.inputs import salted
-        from infracourse.guard import record_launches
+        from infracourse.observe import record_launches
 
         calls = max(2, min(int(header.get("calls", self.batch["calls"])), self.batch["calls"]))
         fn, make_args, salt = self.batch["fn"], self.batch["make_args"], int(header["salt"])
@@ -308,7 +308,7 @@ class Worker:
 
     def time_outputs(self, header: dict) -> tuple[dict, dict]:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
-        from infracourse.guard import derive_by_value
+        from infracourse.observe import derive_by_value
 
         batch, self.batch = self.batch, {}
         broken = 0
@@ -332,7 +332,7 @@ class Worker:
 
 
 def _flow_broken(record, args) -> bool:
-    """An input never given to a kernel, or an output no kernel was given (see guard.require_data_flow)."""
+    """An input never given to a kernel, or an output no kernel was given (see grading.verdicts.require_data_flow)."""
     import torch
 
     unread = any(isinstance(a, torch.Tensor) and a.numel() and i not in record.inputs_read for i, a in enumerate(args))
@@ -344,9 +344,9 @@ class LearnerImportError(Exception):
 
 
 def _same(a, b) -> bool:
-    from infracourse.guard import _same_bits
+    from infracourse.observe import same_bits
 
-    return _same_bits(a, b)
+    return same_bits(a, b)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -152,8 +152,8 @@ class Counts:
 
 
 def counts_of(record) -> Counts:
-    """Counts of a guard.CallRecord (a call watched by guard.watch_call, here or in the worker)."""
-    from infracourse.guard import op_effect
+    """Counts of a observe.CallRecord (a call watched by observe.watch_call, here or in the worker)."""
+    from infracourse.observe import op_effect
 
     copies = sum(op in COPY_OPS for op in record.ops)
     computes = sum(op_effect(op) == "compute" for op in record.ops)
@@ -162,7 +162,7 @@ def counts_of(record) -> Counts:
 
 def count_call(fn: Callable, *args) -> Counts:
     """Launches and copies of fn(*args) run here (course code only: the judge's baseline, a learner's run)."""
-    from infracourse.guard import watch_call
+    from infracourse.observe import watch_call
 
     with watch_call(poison=False, inputs=args) as record:
         fn(*args)
