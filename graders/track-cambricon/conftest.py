@@ -6,8 +6,8 @@ import json
 import random
 
 import pytest
+from infracourse.grader import LabCheckFailed
 
-from infracourse.guard import LabCheckFailed
 
 BATCH = 2
 # a second model the judge asks for: grouped KV heads and three layers (other ops, other shapes)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from conftest import BATCH, model_of, read_raw
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import KINDS, MODES, Perturbation, device_run, layer_metrics, reference_run
 
 # the judge's perturbations: big against the dtype's rounding, small against a careless tolerance

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import BATCH
-from infracourse.grading.estimate import check_formula, check_measured
-from infracourse.guard import CallRecord, LabCheckFailed
+from infracourse.grader import CallRecord, LabCheckFailed, check_formula, check_measured
 from infracourse.kit.porting import CONFIG, measured_bytes
 
 CASES = [  # model configs (kit.porting.CONFIG's keys), with a batch and bytes per element

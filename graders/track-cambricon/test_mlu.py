@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import BATCH
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import _traced, build, reference_run
 
 

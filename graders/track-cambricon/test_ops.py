@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import BATCH, OTHER, model_of, read_raw
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import cpu_kernel_key, dispatch_keys, has_kernel, python_callable, resolve_op, traced_ops
 
 STATUSES = ("supported", "partial", "unsupported", "not a kernel", "unknown")

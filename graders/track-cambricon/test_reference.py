@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from conftest import BATCH, OTHER, model_of, read_raw
-from infracourse.compare import assert_close
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, assert_close
 from infracourse.kit.porting import reference_run
 
 REL = 1e-6  # the same float32 computation in another process: equal up to the summation order of a matmul

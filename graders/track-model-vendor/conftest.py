@@ -21,9 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infracourse.grading.remote import LearnerRaised
-from infracourse.grading.torchrun import RanksRun, run_ranks
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, LearnerRaised, RanksRun, run_ranks
 from infracourse.kit import moe as kit
 
 CAPACITY_FACTOR = 1.0

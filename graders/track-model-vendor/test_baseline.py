@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import moe as kit
 
 CASES = (("uniform", None), ("uniform", 1.0), ("skewed", 0.75))  # (trace, capacity factor)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SMALL_WORLD, _placement, combined_once, compare_outputs, pairs_once, require_all_to_all, skewed_load
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import moe as kit
 
 DTYPE_BYTES = 8        # the launch's tensors are float64
@@ -99,7 +99,6 @@ def test_eplb_rebalance(ep, learner, seed, record):
 
 @pytest.mark.check("all-to-all-bytes")
 def test_all_to_all_bytes(ep, learner, record):
-    from infracourse.grading.estimate import check_formula, check_measured
 
     estimates = learner.module("estimates")
     cases = [{"tokens": t, "hidden": h, "top_k": k, "world": w, "dtype_bytes": b}

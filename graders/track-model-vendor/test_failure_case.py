@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import moe as kit
 
 FILE = "raw/failure.json"

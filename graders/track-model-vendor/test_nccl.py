@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import combined_once, compare_outputs, launch, pairs_once, require_all_to_all
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("nccl-single-gpu")

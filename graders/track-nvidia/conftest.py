@@ -18,12 +18,10 @@ from typing import Callable
 import pytest
 import torch
 
-from infracourse.compare import assert_close, assert_grad_close
-from infracourse.grading.inputs import build, scaled, tokens
-from infracourse.grading.inputs import dtype_name as _name
-from infracourse.grading.perf import reference_time, timed
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import CallRecord, LabCheckFailed
+from infracourse.grader import (CallRecord, LabCheckFailed, WorkerObject, assert_close, assert_grad_close, build_inputs,
+                                dtype_name as _name, in_worker, reference_time, scaled, timed, tokens)
+from infracourse.kit import gpt
+from infracourse.kit import probes
 from infracourse.kit import hotspot
 from infracourse.kit.probes import ForwardBackward, GPTTrainer
 
@@ -35,7 +33,7 @@ def norm(learner, device):
     module = learner.module("fused_norm")
     # the timings of both sides with one intra-op thread on a CPU (kit.hotspot.timing_threads): here and in the worker
     hotspot.timing_threads(device)
-    learner.worker.build(WorkerObject("infracourse.kit.hotspot:timing_threads", (device,)))
+    learner.build(hotspot.timing_threads, device)
     return module
 
 
@@ -88,8 +86,8 @@ def worker_seconds(learner, spec: WorkerObject, args: tuple, check: Callable, es
     drawn in the worker and the judge checks the last call's output on its own copy of that input; otherwise
     every call gets `args`."""
     calls = max(2, int(ROUND_S / max(estimate_s, 1e-6)))
-    repeat = learner.worker.build(WorkerObject("infracourse.kit.hotspot:Repeat", (spec, calls, inputs)))
-    checked = args if inputs is None else build(inputs)(hotspot.Repeat.last_input(calls))
+    repeat = learner.build(hotspot.Repeat, spec, calls, inputs)
+    checked = args if inputs is None else build_inputs(inputs)(hotspot.Repeat.last_input(calls))
     clock = learner.worker.clock("cpu")
     best = float("inf")
     for round_ in range(6):
@@ -119,11 +117,11 @@ def operator_race(norm, learner, rows, cols, dtype, device, seed):
     """(yours, unfused) seconds of one norm's forward + backward at (rows, cols): the learner's in the worker,
     the outputs of timed calls compared with float64 autograd; the unfused one here, on inputs of the spec."""
     spec = norm_spec(rows, cols, dtype, device, seed)
-    probe = WorkerObject("infracourse.kit.probes:ForwardBackward", (norm.rms_norm, EPS))
+    probe = in_worker(ForwardBackward, norm.rms_norm, EPS)
     what = f"({rows}, {cols}) {_name(dtype)}"
     check = forward_backward_check(what)
     if on_cpu(device):  # both sides cycle through the same distinct inputs (kit.hotspot.Repeat)
-        generate = build(spec)
+        generate = build_inputs(spec)
         once = hotspot.cpu_seconds_per_call(unfused_forward_backward, generate(0), 1, rounds=1)
         calls = max(2, int(ROUND_S / max(once, 1e-6)))
         theirs = hotspot.cpu_seconds_per_call(hotspot.Repeat(unfused_forward_backward, calls, generate), (), 1) / calls
@@ -164,10 +162,10 @@ def baseline(size, device):
     trainer = GPTTrainer(size.config, None, **_options(size, device))
     batches = tokens(dataclasses.asdict(size.config), size.batch, device=device, seed=1)
     spec = norm_spec(*size.norm_shape, size.dtype, device, seed=2)
-    step_s = judge_seconds(trainer, build(batches)(0), device, make_args=batches)
-    norm_s = judge_seconds(unfused_forward_backward, build(spec)(0), device, make_args=spec)
-    step_counts = hotspot.count_call(trainer, *build(batches)(10**7))
-    norm_counts = hotspot.count_call(unfused_forward_backward, *build(spec)(10**7))
+    step_s = judge_seconds(trainer, build_inputs(batches)(0), device, make_args=batches)
+    norm_s = judge_seconds(unfused_forward_backward, build_inputs(spec)(0), device, make_args=spec)
+    step_counts = hotspot.count_call(trainer, *build_inputs(batches)(10**7))
+    norm_counts = hotspot.count_call(unfused_forward_backward, *build_inputs(spec)(10**7))
     return Baseline(step_s, norm_s, hotspot.hotspot_share(norm_s, step_s, size), step_counts, norm_counts)
 
 
@@ -177,10 +175,9 @@ def effect(norm, learner, size, device, baseline):
     config = dataclasses.asdict(size.config)
     batches = tokens(config, size.batch, device=device, seed=3)
     reference = GPTTrainer(size.config, None, **_options(size, device))
-    yours_args = (WorkerObject("infracourse.kit.gpt:GPTConfig", (), config), norm.rms_norm)
-    yours = learner.worker.build(WorkerObject("infracourse.kit.probes:GPTTrainer", yours_args,
-                                              _options(size, device)))
-    idx, targets = build(batches)(10**7)  # a batch no timed step uses
+    yours_args = (in_worker(gpt.GPTConfig, **config), norm.rms_norm)
+    yours = learner.build(probes.GPTTrainer, *yours_args, **_options(size, device))
+    idx, targets = build_inputs(batches)(10**7)  # a batch no timed step uses
     expected, got = reference.loss(idx, targets), yours.loss(idx, targets)
     bound = 1e-4 if size.dtype == torch.float32 else 2e-2
     if not isinstance(got, float) or not abs(got - expected) <= bound * abs(expected):
@@ -196,7 +193,7 @@ def effect(norm, learner, size, device, baseline):
             raise LabCheckFailed("a timed training step with your rms_norm did not give a finite loss")
 
     if on_cpu(device):
-        trainer = WorkerObject("infracourse.kit.probes:GPTTrainer", yours_args, _options(size, device))
+        trainer = in_worker(GPTTrainer, *yours_args, **_options(size, device))
         step_s = worker_seconds(learner, trainer, (idx, targets), check, baseline.step_s)
         baseline_s = min(baseline.step_s, judge_seconds(reference, (idx, targets), device))
     else:  # each side in two windows, the faster kept: a burst of other work in one window does not decide

@@ -4,7 +4,7 @@ code, here): the norm's share of the step, the step's kernel launches and copies
 import pytest
 
 from conftest import number, read_raw
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("baseline-hotspot")

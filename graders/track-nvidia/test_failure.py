@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import number, operator_race, read_raw
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 MAX_ELEMENTS = {"cpu": 1 << 21, "cuda": 1 << 28}  # what the grader re-measures in seconds on each device
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -2,8 +2,7 @@
 learner's end-to-end claim held to the bound Amdahl's law sets with the judge's own share and speed-up."""
 import pytest
 
-from infracourse.grading.report_check import read_figures
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, read_figures
 from infracourse.kit import hotspot
 
 # Accepted excess of a claim over the Amdahl bound: a CPU shared with other work times a few-millisecond step

@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 
 from conftest import judge_seconds
-from infracourse.grading.estimate import check_formula, check_measured
-from infracourse.grading.inputs import build, tokens
+from infracourse.grader import build_inputs, check_formula, check_measured, tokens
 from infracourse.kit import hotspot
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.probes import GPTTrainer
@@ -40,7 +39,7 @@ def test_mfu_estimate(learner, baseline, size, device, hardware, record):
     estimate = estimates.model_flops_per_step(config, size.tokens)
     # the measurement: FLOPs torch counts in one forward + backward at the project's size (course code only)
     model = GPT(size.config, seed=0).to(device, size.dtype)
-    idx, targets = build(tokens(config, size.batch, device=device, seed=5))(0)
+    idx, targets = build_inputs(tokens(config, size.batch, device=device, seed=5))(0)
     counted, with_attention = hotspot.counted_flops(model, idx, targets)
     if not with_attention:  # flash attention for CPU has no flop formula: its QK^T and AV added by the formula
         counted += 3 * size.tokens * size.config.n_layer * 4 * size.config.seq_len * size.config.d_model
@@ -49,7 +48,7 @@ def test_mfu_estimate(learner, baseline, size, device, hardware, record):
     # the step timed again beside the peak, the faster window kept: both sides of the ratio from calm moments
     trainer = GPTTrainer(size.config, None, seed=0, device=device, dtype=size.dtype)
     batches = tokens(config, size.batch, device=device, seed=6)
-    step_s = min(baseline.step_s, judge_seconds(trainer, build(batches)(0), device, make_args=batches))
+    step_s = min(baseline.step_s, judge_seconds(trainer, build_inputs(batches)(0), device, make_args=batches))
     mfu = estimate / (step_s * peak * 1e12)
     record("model FLOPs per step", float(estimate), target=float(counted), unit="FLOP",
            reference="torch's FlopCounterMode" + ("" if with_attention else ", attention from the formula (CPU)"))

@@ -4,11 +4,8 @@ import pytest
 import torch
 
 from conftest import EPS, float64_norm, operator_race
-from infracourse.compare import assert_close, assert_grad_close
-from infracourse.grading.inputs import dtype_name as _name
-from infracourse.grading.perf import require_speedup
-from infracourse.grading.provenance import require_own_kernel
-from infracourse.guard import require_plain_tensor
+from infracourse.grader import (assert_close, assert_grad_close, dtype_name as _name, require_own_kernel,
+                                require_plain_tensor, require_speedup)
 
 DTYPES = [torch.float32, torch.bfloat16]
 # hidden sizes that are no power of two, one row, 3-D activations like the model's (batch, seq, hidden)

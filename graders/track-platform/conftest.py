@@ -33,9 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from infracourse.grading import serving
-from infracourse.grading.serving import Phase, Server, course_services, kill_and_clock, run_phase
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import (RequestRecord, arrival_offsets, compute_metrics, request_matrix,
                                      send_completion)
@@ -57,7 +55,7 @@ STARVED_WAIT_S = 8.0   # with batch's quota at 0, a batch request still unanswer
 SERVICE = "infracourse.kit.platform_service:app"   # what a course service's command line serves (service_command)
 
 
-def teach(server: Server, what: str) -> str:
+def teach(server: serving.Server, what: str) -> str:
     log = server.log_tail(20000)
     todo = list(dict.fromkeys(x.strip() for x in log.splitlines() if x.startswith("NotImplementedError")))
     if todo:
@@ -145,7 +143,7 @@ class Started:
     servers: dict        # name -> Server
     failures: dict       # name -> why it did not start
 
-    def get(self, name: str) -> Server:
+    def get(self, name: str) -> serving.Server:
         if name in self.failures:
             raise LabCheckFailed(self.failures[name])
         return self.servers[name]
@@ -200,7 +198,7 @@ def started(request, learner, device, seed, tmp_path_factory):
 # --- week 22: the FIFO baseline on the course service alone ----------------------------------------------------
 
 @pytest.fixture(scope="session")
-def fifo(started) -> Phase:
+def fifo(started) -> serving.Phase:
     try:
         server = started.get("fifo")
         s = started.seed
@@ -208,15 +206,15 @@ def fifo(started) -> Phase:
                                        lead_s=FIFO_LEAD_S, interactive_specs=specs_of(FIFO_INTERACTIVE, s + 2),
                                        interactive_rate=FIFO_RATE, burstiness=20.0, seed=s))
     except Exception as exc:  # noqa: BLE001 - the course service alone: a course bug, not the learner's
-        return Phase(failure=f"the judge's FIFO baseline could not run ({type(exc).__name__}: {exc})")
+        return serving.Phase(failure=f"the judge's FIFO baseline could not run ({type(exc).__name__}: {exc})")
     timed, start, end = runs["interactive"]
-    return Phase(data={"metrics": metrics_of(timed, start, end), "records": [t.record for t in timed]})
+    return serving.Phase(data={"metrics": metrics_of(timed, start, end), "records": [t.record for t in timed]})
 
 
 # --- weeks 23-24: the learner's gateway -------------------------------------------------------------------------
 
-def service_uds(server: Server) -> str:
-    found = course_services(server, SERVICE)
+def service_uds(server: serving.Server) -> str:
+    found = serving.course_services(server, SERVICE)
     if not found:
         raise LabCheckFailed("no course service process (python -m uvicorn infracourse.kit.platform_service:app) "
                              "runs under your gateway: start it with kit.platform_service.service_command(uds) as a "
@@ -227,7 +225,7 @@ def service_uds(server: Server) -> str:
     return found[0]["uds"]
 
 
-def phase_mixed(server: Server, seed: int) -> dict:
+def phase_mixed(server: serving.Server, seed: int) -> dict:
     uds = service_uds(server)
     samples, stop = [], threading.Event()
     marks: dict = {}
@@ -256,17 +254,17 @@ def phase_mixed(server: Server, seed: int) -> dict:
     return {"runs": runs, "alone": alone, "samples": len(samples)}
 
 
-def phase_recovery(server: Server, seed: int, journal: Path) -> dict:
+def phase_recovery(server: serving.Server, seed: int, journal: Path) -> dict:
     specs = request_matrix([8], [12], RECOVERY_REQUESTS, vocab_size=128, seed=seed + 11)
     for i, spec in enumerate(specs):  # half of them meet the drop fault (its seeded share of keys)
         spec.prompt_ids[0] = ps.DROP_MARK if i % 2 == 0 else spec.prompt_ids[0] % ps.DROP_MARK
-    before = course_services(server, SERVICE)
+    before = serving.course_services(server, SERVICE)
     if not before:
         service_uds(server)  # raises, saying what is missing
     kill: dict = {}
-    thread = threading.Thread(target=kill_and_clock, args=(server, before[0]), daemon=True,
+    thread = threading.Thread(target=serving.kill_and_clock, args=(server, before[0]), daemon=True,
                               kwargs={"after_s": KILL_AT_S, "window_s": RESTART_WINDOW_S, "out": kill,
-                                      "marker": SERVICE})
+                              "marker": SERVICE})
     thread.start()
     records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0,
                                     extra_body={"request_class": "interactive"})
@@ -298,7 +296,7 @@ def read_capacity(learner) -> float:
     return float(rate)
 
 
-def capacity_run(server: Server, rate: float, seed: int) -> dict:
+def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:
     n = max(20, round(rate * CAPACITY_SECONDS))
     batch_n = round(CAPACITY_FLOOD_RATE * (CAPACITY_LEAD_S + n / rate))
     runs = asyncio.run(two_classes(server.uds, batch_specs=specs_of(batch_n, seed + 1), batch_rate=CAPACITY_FLOOD_RATE,
@@ -314,7 +312,7 @@ def capacity_run(server: Server, rate: float, seed: int) -> dict:
             "batch_successes": sum(t.record.success for t in btimed)}
 
 
-def phase_capacity(server: Server, seed: int, claimed: float) -> dict:
+def phase_capacity(server: serving.Server, seed: int, claimed: float) -> dict:
     below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
     status, state = asyncio.run(ps.probe(service_uds(server), "/debug/state"))  # the engine's own step clock
     step_ms = (1000 * state["step_seconds_total"] / state["steps_total"]
@@ -323,36 +321,36 @@ def phase_capacity(server: Server, seed: int, claimed: float) -> dict:
             "above": capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)}
 
 
-def _phase(started: Started, server_name: str, name: str, fn, *args) -> Phase:
+def _phase(started: Started, server_name: str, name: str, fn, *args) -> serving.Phase:
     try:
         server = started.get(server_name)
     except LabCheckFailed as exc:
-        return Phase(failure=str(exc))
+        return serving.Phase(failure=str(exc))
     phases: dict = {}
-    run_phase(phases, name, server, fn, *args, teach=teach, who="gateway")
+    serving.run_phase(phases, name, server, fn, *args, teach=teach, who="gateway")
     return phases[name]
 
 
 @pytest.fixture(scope="session")
-def mixed(started) -> Phase:
+def mixed(started) -> serving.Phase:
     return _phase(started, "gateway", "mixed", phase_mixed, started.seed)
 
 
 @pytest.fixture(scope="session")
-def capacity(started, learner, mixed) -> Phase:
+def capacity(started, learner, mixed) -> serving.Phase:
     try:
         claimed = read_capacity(learner)
     except LabCheckFailed as exc:
-        return Phase(failure=str(exc))
+        return serving.Phase(failure=str(exc))
     return _phase(started, "gateway", "capacity", phase_capacity, started.seed, claimed)
 
 
 @pytest.fixture(scope="session")
-def recovery(started, mixed, capacity) -> Phase:  # the kill comes after the measurements
+def recovery(started, mixed, capacity) -> serving.Phase:  # the kill comes after the measurements
     return _phase(started, "gateway", "recovery", phase_recovery, started.seed, started.journal)
 
 
-def phase_starved(server: Server, seed: int) -> dict:
+def phase_starved(server: serving.Server, seed: int) -> dict:
     """Light interactive traffic and a few batch requests to a gateway whose batch quota is 0 slots."""
     return asyncio.run(two_classes(server.uds, batch_specs=specs_of(8, seed + 51), batch_rate=8.0, lead_s=0.2,
                                    interactive_specs=specs_of(4, seed + 52), interactive_rate=3.0, burstiness=20.0,
@@ -360,7 +358,7 @@ def phase_starved(server: Server, seed: int) -> dict:
 
 
 @pytest.fixture(scope="session")
-def starved(started) -> Phase:
+def starved(started) -> serving.Phase:
     return _phase(started, "starved", "starved", phase_starved, started.seed)
 
 

@@ -4,7 +4,7 @@ runs the same workload against the course service itself."""
 import pytest
 
 from conftest import FIFO_BATCH, FIFO_INTERACTIVE, FIFO_RATE
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.loadgen import compute_metrics, read_records
 
 FACTOR, ABSOLUTE_MS = 2.0, 300.0

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from conftest import CAPACITY_ABOVE, CAPACITY_BELOW, CAPACITY_FLOOD_RATE, LIMITS
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost
 
@@ -63,7 +63,6 @@ RATE_CASES = [{"interactive_rate": 5.0, "batch_slots": 2, "output_tokens": 12, "
 
 @pytest.mark.check("cost-estimate")
 def test_cost_per_success_estimate(learner, capacity, device, record):
-    from infracourse.grading.estimate import check_formula, check_measured
 
     mod = learner.module("estimates")
     check_formula("usd_per_success", mod.usd_per_success, reference_usd_per_success, COST_CASES)

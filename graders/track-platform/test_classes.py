@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import FLOOD_RATE, FLOOD_S, INTERACTIVE_N, INTERACTIVE_RATE, LIMITS, REFUSED
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.loadgen import compute_metrics
 
 MIN_SAMPLES = 5

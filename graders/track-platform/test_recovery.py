@@ -3,7 +3,7 @@ new one up; no interactive request is lost, and none is computed twice (the serv
 import pytest
 
 from conftest import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, journal_tokens
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("restart-recovers")

@@ -3,8 +3,9 @@ round trip between the worker and the grader costs on this machine right now."""
 import time
 
 import pytest
+from infracourse.kit import intra_op
+from infracourse.kit import workloads
 
-from infracourse.grading.remote import WorkerObject
 
 OVERHEAD_S = 1e-3  # what a harness may add to a call (clock reads, a no-op sync, Python) on a busy machine
 MAX_SLACK_S = 15e-3  # beyond this the machine is too loaded to judge timings honestly: fail closed
@@ -13,7 +14,7 @@ MAX_SLACK_S = 15e-3  # beyond this the machine is too loaded to judge timings ho
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread(learner):
     # The learner's CPU timings (measure_overhead) run in the worker; the grader's own in one thread here.
-    learner.worker.build(WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,)))
+    learner.build(intra_op.set_intra_op_threads, 1)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,7 @@ def slack(learner):
 
     def mean_round_trip():
         t0 = time.perf_counter()
-        learner.worker.build(WorkerObject("infracourse.kit.workloads:call_repeatedly", (noop, 30)))
+        learner.build(workloads.call_repeatedly, noop, 30)
         return (time.perf_counter() - t0) / 30
 
     round_trip = max(mean_round_trip(), mean_round_trip())

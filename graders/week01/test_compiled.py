@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import native
 from infracourse.kit.native import seeded_values
 
 MIN_REPS = 5  # the handout's minimum number of timed calls in measure_compiled
@@ -41,7 +41,7 @@ def test_compiled_loop(experiments, learner, seed, record):
     source = learner.path("loop_sum.c")
     if not source.is_file():
         raise LabCheckFailed("loop_sum.c is missing: write loop_sum(const double *values, long n) in C")
-    theirs = learner.worker.build(WorkerObject("infracourse.kit.native:CompiledLoop", (source, n, seed)))
+    theirs = learner.build(native.CompiledLoop, source, n, seed)
     values = seeded_values(n, seed)
     want = 0.0
     for v in values:  # the handout's order of additions
@@ -51,7 +51,7 @@ def test_compiled_loop(experiments, learner, seed, record):
         raise LabCheckFailed(f"loop_sum in loop_sum.c returned {got!r} for {n} seeded doubles (seed {seed}); their "
                              f"sum is {want!r}. Add values[0] .. values[n - 1] into a double and return it.")
 
-    course = learner.worker.build(WorkerObject("infracourse.kit.native:CompiledLoop", (None, n, seed)))
+    course = learner.build(native.CompiledLoop, None, n, seed)
     clock = learner.worker.clock("cpu")  # the C loops run on the CPU whatever the machine
     course_ns, their_ns = _ns_per_element(course, n, clock), _ns_per_element(theirs, n, clock)
     t0 = clock()  # the worker's CPU seconds: on a busy machine a round trip takes wall time but does no work

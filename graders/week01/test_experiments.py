@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from infracourse.grader import LabCheckFailed, in_worker
+from infracourse.kit import workloads
 from infracourse import bench
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
 from infracourse.kit.threads import intra_op_threads
 from infracourse.kit.workloads import Steady
 
@@ -57,7 +57,7 @@ def _loop_ns_per_element(worker, n, tries=15):
     for _ in range(tries):
         for times in (0, 1):
             t0 = time.perf_counter()
-            worker.build(WorkerObject("infracourse.kit.workloads:loop_sums", (n, times)))
+            worker.build(in_worker(workloads.loop_sums, n, times))
             best[times] = min(best[times], time.perf_counter() - t0)
     return max(best[1] - best[0], 0.0) / n * 1e9
 
@@ -108,7 +108,7 @@ def test_overhead_plausible(experiments, learner, seed, record):
 def _empty_call_s(learner) -> float:
     """The quickest of three calls, from here, of a worker function that does nothing (kit.workloads.NoWait):
     the same request and reply as a learner call's, without its work."""
-    empty = learner.worker.build(WorkerObject("infracourse.kit.workloads:NoWait"))
+    empty = learner.build(workloads.NoWait)
     quickest = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
@@ -130,7 +130,7 @@ def test_raw_data(experiments, learner, record):
 def _check_raw_data(experiments, learner, record):
     out_dir = learner.worker.scratch / "raw-data"  # where the worker may write; read back here as data
     # The sleeping call is the course's, built in the worker: it records every sleep that really ran.
-    sleeper = learner.worker.build(WorkerObject("infracourse.kit.workloads:RecordedSleep"))
+    sleeper = learner.build(workloads.RecordedSleep)
     t0 = time.perf_counter()
     experiments.main(out_dir, quick=True, sleep=sleeper)
     call_s = time.perf_counter() - t0

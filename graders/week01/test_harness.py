@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from infracourse.grader import LabCheckFailed, in_worker
+from infracourse.kit import probes
+from infracourse.kit import workloads
 from infracourse import bench
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
 from infracourse.kit.workloads import CudaSleep, Jittery, SlowStart, Steady, ThreadQueue
 
 OVERHEAD_S = 1e-3  # what a harness may add to a GPU call (clock reads, the sync, Python); no round trip there
 
 
 # Built in the worker: a sync that waits for nothing adds no round trip to the grader inside the timed region.
-NO_SYNC = WorkerObject("infracourse.kit.workloads:NoWait")
+NO_SYNC = in_worker(workloads.NoWait)
 
 
 def _timed(harness, fn, *, warmup, reps, sync=NO_SYNC, make_args=None):
@@ -139,7 +140,7 @@ def test_sync_cuda(harness, record):
     reference = bench.measure(CudaSleep(cycles), warmup=2, reps=10, flush_l2=False, device="cuda").seconds
     # The kernel is launched in the worker, where the harness's default sync (torch.cuda.synchronize) must wait
     # for it; a callback would launch it in this process, which the worker's sync cannot see.
-    kernel = WorkerObject("infracourse.kit.workloads:CudaSleep", (cycles,))
+    kernel = in_worker(CudaSleep, cycles)
     samples = _timed(harness, kernel, warmup=2, reps=10, sync=None)
     median = statistics.median(samples)
     record("median sample", median * 1e3, target=reference * 1e3, unit="ms")
@@ -188,8 +189,7 @@ def _require_list_kept(learner, harness, data):
     """percentile and summarize leave the caller's list in its order. Called here, a list reaches the worker as a
     copy, so the call is made there, on a list made there (kit.probes.list_after_call)."""
     for name, args in (("percentile", (50,)), ("summarize", ())):
-        after = learner.worker.build(WorkerObject("infracourse.kit.probes:list_after_call",
-                                                  (getattr(harness, name), data, *args)))
+        after = learner.build(probes.list_after_call, getattr(harness, name), data, *args)
         if after != data:
             raise LabCheckFailed(f"{name} reordered the caller's list (a sort in place): the caller's samples keep "
                                  f"their order, e.g. the order the calls ran in. Sort a copy: sorted(samples)")

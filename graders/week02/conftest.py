@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import psutil
 import pytest
 
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import data
+from infracourse.kit import intra_op
 from infracourse import bench
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
 from infracourse.kit.data import ensure_dataset
 from infracourse.kit.threads import intra_op_threads
 
@@ -51,7 +52,7 @@ def plan(seed):
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread(learner):
     # A tiny model: see infracourse.kit.threads. The learner's steps run in the worker: one thread there too.
-    learner.worker.build(WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,)))
+    learner.build(intra_op.set_intra_op_threads, 1)
     with intra_op_threads(1):
         yield
 
@@ -107,7 +108,7 @@ def sweep(script, root, learner, plan):
     out = learner.worker.scratch / "sweep-results.csv"  # written by the worker, read here as untrusted data
     # The course's model and optimiser, stamped: built in the worker, handed to the learner's sweep, which
     # makes one trainer per configuration. What it recorded is the grader's observation of the runs.
-    trainer = learner.worker.build(WorkerObject("infracourse.kit.data:StampedTrainer"))
+    trainer = learner.build(data.StampedTrainer)
     script.sweep(root, [dict(c) for c in run.configs], out, warmup=run.warmup, steps=run.steps, trainer=trainer)
     run.runs = trainer.take()
     if learner.worker.proc is not None:
@@ -135,8 +136,7 @@ def steady_step(loaders, root, device, learner):
 
     def measure(read, batch_size, workers, reps=5, course=False):
         make_loader = None if course else loaders.make_loader
-        loop = learner.worker.build(WorkerObject("infracourse.kit.data:StepLoop",
-                                                 (make_loader, root, read, batch_size, workers, device)))
+        loop = learner.build(data.StepLoop, make_loader, root, read, batch_size, workers, device)
         try:
             timing = bench.measure(lambda: loop(steps), warmup=1, reps=reps, flush_l2=False, device="cpu")
             digests = loop.digests()

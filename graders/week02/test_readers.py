@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import data
 from infracourse.kit.data import ImageSet
 
 
@@ -31,8 +31,7 @@ def test_readers_correct(loaders, root, learner, plan):
         for workers in (0, 2):
             what = f"make_loader(read={read!r}, batch_size={batch_size}, workers={workers}) (seed {plan.seed})"
             # One epoch, iterated in the worker; the batches come back as data to check against the seed's arrays.
-            batches = learner.worker.build(WorkerObject("infracourse.kit.data:epoch",
-                                                        (loaders.make_loader(root, read, batch_size, workers),)))
+            batches = learner.build(data.epoch, loaders.make_loader(root, read, batch_size, workers))
             if not isinstance(batches, list):
                 raise LabCheckFailed(f"{what} is not iterable into batches (got {type(batches).__name__})")
             if len(batches) != spec.samples // batch_size:
@@ -66,7 +65,7 @@ def test_packed_reads_a_mapped_file(loaders, root, learner, plan):
     # (1) any list of indices, in any order: one call, one batch
     indices = rng.sample(range(spec.samples), 37)
     dataset = loaders.PackedDataset(root)
-    got = learner.worker.build(WorkerObject("infracourse.kit.data:getitem", (dataset, indices)))
+    got = learner.build(data.getitem, dataset, indices)
     what = f"PackedDataset(root)[indices] with 37 indices from the seed ({plan.seed}), e.g. {indices[:4]}"
     x, y = _batch_of(got, what)
     if tuple(x.shape) != (37, *spec.shape) or not np.array_equal(x.numpy(), images[indices]):
@@ -90,7 +89,7 @@ def test_packed_reads_a_mapped_file(loaders, root, learner, plan):
     rows = lambda b: slice(b * batch_size, (b + 1) * batch_size)  # noqa: E731
     what = f"make_loader(probe, 'packed', batch_size={batch_size}, workers=0) (seed {plan.seed})"
     loader = loaders.make_loader(probe, "packed", batch_size, 0)
-    batches = learner.worker.build(WorkerObject("infracourse.kit.data:BatchProbe", (loader,)))
+    batches = learner.build(data.BatchProbe, loader)
     first, _ = _batch_of(batches.next(), f"{what}, batch 0")
     if np.array_equal(first.numpy(), images[rows(0)]):
         raise LabCheckFailed(f"{what}: batch 0 holds the per-sample files' images, but this dataset's packed.npy "

@@ -4,7 +4,7 @@ FileDataset: a slowed-down baseline cannot make a loader look fast. The batches 
 are checked against the dataset: a loader that is fast because it hands back the wrong data fails."""
 import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.data import ImageSet, dataset_batches
 
 

@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from infracourse.grading.remote import WorkerObject
+from infracourse.grader import in_worker
+from infracourse.kit import intra_op
 from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.sequences import token_model, random_batches
 from infracourse.kit.threads import intra_op_threads
@@ -35,7 +36,7 @@ class Workload:
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread(learner):
     # A tiny model: see infracourse.kit.threads. The worker runs the learner's side, so it gets one thread too.
-    learner.worker.build(WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,)))
+    learner.build(intra_op.set_intra_op_threads, 1)
     with intra_op_threads(1):
         yield
 
@@ -50,7 +51,7 @@ def workload(learner, device, seed):
     # over would be called back here, one round trip per forward pass, inside the learner's timings.
     spec = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layer=cfg.n_layer, seed=seed, device=device)
     return Workload(model=token_model(**spec), remote_model=learner.worker.build(
-                        WorkerObject("infracourse.kit.sequences:token_model", kwargs=spec)), batches=batches,
+                        in_worker(token_model, **spec)), batches=batches,
                     padded_tokens=sum(len(b) * max(len(s) for s in b) for b in batches),
                     useful_tokens=sum(len(s) for b in batches for s in b))
 

@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from infracourse.grading.confined import run_script
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, run_script
 from infracourse.kit.sequences import random_batches
 
 LIMIT_S = 120

@@ -2,9 +2,8 @@
 (Whether packing wastes positions is effective-gain's to judge.)"""
 import pytest
 import torch
+from infracourse.grader import LabCheckFailed, assert_close, require_plain_tensor
 
-from infracourse.compare import assert_close
-from infracourse.guard import LabCheckFailed, require_plain_tensor
 
 
 def _outputs(scheme, name, model, seqs):

@@ -8,9 +8,9 @@ model call latency_table makes serves requests (the handout's rule)."""
 import time
 
 import pytest
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import sequences
 
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
 
 CONCURRENCIES, MAX_BATCH, PER_CLIENT = [1, 8], 2, 20
 TOLERANCE = 0.15  # Little's law on the learner's own two figures
@@ -30,9 +30,9 @@ def _requested(sequences, concurrency):
 @pytest.mark.check("littles-law")
 def test_littles_law(schemes, experiment, workload, learner, record):
     sequences = [s for batch in workload.batches for s in batch]
-    model = learner.worker.build(WorkerObject("infracourse.kit.sequences:StampedModel", (workload.remote_model,)))
+    model = learner.build(sequences.StampedModel, workload.remote_model)
     # The first calls (allocator, caches) happen here, not inside the learner's first latencies.
-    learner.worker.build(WorkerObject("infracourse.kit.sequences:warm_up", (model, workload.batches[:2])))
+    learner.build(sequences.warm_up, model, workload.batches[:2])
     model.take()
     for concurrency in CONCURRENCIES:
         t0 = time.perf_counter()

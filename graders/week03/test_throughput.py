@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
+from infracourse.grader import LabCheckFailed, WrongOutput
+from infracourse.kit import sequences
 
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed, WrongOutput
 
 KEYS = ("utilisation", "tokens_per_s", "useful_tokens_per_s")
 
@@ -48,8 +48,7 @@ def test_effective_gain(schemes, workload, learner, device, lab_check, record):
 
     # The learner's pack runs in the worker, beside the worker's copy of the model, a whole pass per request:
     # clocked here, it carries one round trip per pass (well under 1 % of a pass) and nothing else.
-    packed = learner.worker.build(WorkerObject("infracourse.kit.sequences:SchemeLoop",
-                                               (schemes.pack, workload.remote_model, batches)))
+    packed = learner.build(sequences.SchemeLoop, schemes.pack, workload.remote_model, batches)
     wall, cpu = _timed_rounds(padded, packed, learner.worker, device)
     _require_timed_outputs(packed.digest(), model, batches)
     # Same useful tokens on both sides, so the gain is a ratio of times. On a GPU: the fastest drained pass of
@@ -136,7 +135,7 @@ def _positions(name, batches):
 @pytest.mark.check("utilisation-reported")
 def test_utilisation_and_effective_throughput(schemes, experiment, workload, learner, record):
     # The course's model, stamped in the worker: the learner's figures are compared with what it really did.
-    model = learner.worker.build(WorkerObject("infracourse.kit.sequences:StampedModel", (workload.remote_model,)))
+    model = learner.build(sequences.StampedModel, workload.remote_model)
     batches, results = workload.batches, {}
     for name, expected_ratio in (("pad", workload.factor), ("pack", 1.0)):
         model.take()

@@ -5,7 +5,7 @@ learner's classify_timeline runs in the worker, and the grader classifies the sa
 below, by the handout's rule."""
 import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.timeline import training_trace
 
 KEYS = ("data_wait_s", "transfer_s", "launch_s", "compute_s", "idle_s")

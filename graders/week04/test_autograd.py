@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from infracourse.compare import assert_close
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, assert_close
+from infracourse.kit import probes_autograd
 from infracourse.kit.gpt import RMSNorm
 
 EPS = 1e-6
@@ -22,8 +21,7 @@ def _unfused(x, w):
 
 def _require_own_function(learner, fn, x, w):
     """The output's autograd node, as the worker sees it (the judge's copy is the bridge's node)."""
-    origin = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:grad_fn_origin",
-                                               (fn.rms_norm._handle, fn.RMSNormFunction._handle, x, w, EPS)))
+    origin = learner.build(probes_autograd.grad_fn_origin, fn.rms_norm, fn.RMSNormFunction, x, w, EPS)
     if not (isinstance(origin, dict) and origin.get("own") is True):
         name = str(origin.get("grad_fn", "?"))[:100] if isinstance(origin, dict) else "?"
         raise LabCheckFailed(f"rms_norm's output has grad_fn {name}, not RMSNormFunction's "
@@ -33,8 +31,7 @@ def _require_own_function(learner, fn, x, w):
 def _require_hand_written_backward(learner, fn, x, w):
     """The backward, watched by the profiler and by saved-tensor hooks, evaluates no autograd node but the
     Function's own and builds no graph; its gradients (observed) equal autograd's of the unfused ops."""
-    got = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:backward_evidence",
-                                            (fn.rms_norm._handle, fn.RMSNormFunction._handle, x, w, EPS)))
+    got = learner.build(probes_autograd.backward_evidence, fn.rms_norm, fn.RMSNormFunction, x, w, EPS)
     if not (isinstance(got, dict) and isinstance(got.get("others"), list) and type(got.get("saved")) is int):
         raise LabCheckFailed(f"the watched backward of rms_norm came back malformed ({str(got)[:200]})")
     if got["others"] or got["saved"] or got.get("error"):

@@ -5,10 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infracourse.compare import assert_close
-from infracourse.grading.protocol import WorkerObject
-from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import CallRecord, LabCheckFailed
+from infracourse.grader import CallRecord, LabCheckFailed, LearnerRaised, WorkerObject, assert_close, in_worker
+from infracourse.kit import probes_autograd
 from infracourse.kit.gpt import MLP, Block, CausalSelfAttention, GPTConfig, RMSNorm
 
 CONFIGS = [GPTConfig(d_model=64, n_head=4), GPTConfig(d_model=48, n_head=3, mlp_ratio=2)]
@@ -23,7 +21,7 @@ def blocks(learner):
 
 def _config(cfg: GPTConfig) -> WorkerObject:
     """The same GPTConfig, built in the worker (a learner's module takes it as its argument)."""
-    return WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))
+    return in_worker(GPTConfig, **dataclasses.asdict(cfg))
 
 
 def _compare(learner, mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward=True):
@@ -37,7 +35,7 @@ def _compare(learner, mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL,
                              "parameter names and shapes of infracourse.kit.gpt") from None
     reference.to(x.dtype)
     # the kit's weights go in as arguments of the call, so the bridged backward returns their gradients too
-    probe = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:Functional", (mine._handle,)))
+    probe = learner.build(probes_autograd.Functional, mine)
     names = probe.names
     weights = dict(reference.named_parameters())
     if not isinstance(names, list) or sorted(names) != sorted(weights):
@@ -76,8 +74,7 @@ def _cases(seed):
 def _require_through_function(learner, module, x, what):
     """The norm's output graph holds the learner's RMSNormFunction: the block uses the hand-written backward."""
     function = learner.module("rmsnorm_function").RMSNormFunction
-    got = learner.worker.build(WorkerObject("infracourse.kit.probes_autograd:norm_nodes",
-                                            (module._handle, function._handle, x)))
+    got = learner.build(probes_autograd.norm_nodes, module, function, x)
     if not (isinstance(got, dict) and got.get("through") is True):
         nodes = got.get("nodes") if isinstance(got, dict) else got
         raise LabCheckFailed(f"{what}: the output's autograd graph ({str(nodes)[:200]}) has no RMSNormFunction "

@@ -3,11 +3,11 @@ each verified through storage pointers and the ops the learner's function dispat
 
 The learner's functions run in the grading worker. An output that is a view of an argument comes back as a
 view of the judge's own tensor (the codec keeps aliasing when the storage's bytes match), so storage pointers
-are compared here; the ops each call dispatched are what the worker observed (guard.CallRecord)."""
+are compared here; the ops each call dispatched are what the worker observed (infracourse.grader.CallRecord)."""
 import pytest
 import torch
+from infracourse.grader import CallRecord, LabCheckFailed, require_plain_tensor
 
-from infracourse.guard import CallRecord, LabCheckFailed, require_plain_tensor
 
 # Every expression of PREDICTIONS, with the reason its answer is what it is (shown when a prediction is wrong).
 REASONS = {

@@ -19,9 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from infracourse.grading import output
-from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, LearnerRaised, output
 from infracourse.kit.resume_driver import NO_MODEL_STATE, NOT_WRITTEN, launch
 
 STEPS, SAVE_EVERY = 24, 3

@@ -10,9 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.compare import assert_close
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, assert_close, in_worker
+from infracourse.kit import probes_step
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 
 CONFIG, BATCH = GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_head=4, n_layer=4), 8
@@ -20,10 +19,8 @@ MAX_RETAINED = 0.5  # of what the plain forward leaves allocated (the solution: 
 
 
 def _evidence(learner, loss_fn, weights, inputs, targets) -> dict:
-    got = learner.worker.build(WorkerObject(
-        "infracourse.kit.probes_step:checkpoint_evidence",
-        (loss_fn._handle if loss_fn is not None else None,
-         WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(CONFIG)), weights, inputs, targets)))
+    got = learner.build(probes_step.checkpoint_evidence, loss_fn, in_worker(GPTConfig, **dataclasses.asdict(CONFIG)),
+                        weights, inputs, targets)
     ok = isinstance(got, dict) and all(type(got.get(k)) is int for k in ("retained", "recomputed")) \
         and isinstance(got.get("seconds"), float) and isinstance(got.get("grads"), dict) \
         and isinstance(got.get("loss"), torch.Tensor)

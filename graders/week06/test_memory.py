@@ -15,8 +15,7 @@ import random
 import pytest
 import torch
 
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import CallRecord, LabCheckFailed
+from infracourse.grader import CallRecord, LabCheckFailed, in_worker
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 
 KEYS = ("params", "grads", "optimizer", "activations", "total")
@@ -44,7 +43,7 @@ def memory(learner):
 
 
 def estimate(memory, cfg, batch, precision="fp32", master_weights=False) -> dict:
-    config = WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))  # built in the worker
+    config = in_worker(GPTConfig, **dataclasses.asdict(cfg))  # built in the worker
     result = memory.estimate_memory.call((config, batch), {"precision": precision, "master_weights": master_weights},
                                          watch={"poison": False})
     got, record = result.value, CallRecord.from_evidence(result.record)

@@ -9,10 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.compare import assert_close
-from infracourse.grading import perf
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, assert_close, gpt_batches, in_worker, timed
+from infracourse.kit import probes_step
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 from infracourse.kit.probes_step import SYNC_OP
 from infracourse.kit.train import mean_loss, slow_train_step
@@ -33,10 +31,8 @@ def step(learner):
 
 def _steps_in_worker(learner, train_step, cfg, model, device):
     """A TrainSteps in the worker: the learner's step (or, for None, the provided one) on a copy of `model`."""
-    spec = WorkerObject("infracourse.kit.probes_step:TrainSteps",
-                        (train_step._handle if train_step is not None else None,
-                         WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg)),
-                         {k: v.detach() for k, v in model.state_dict().items()}, device))
+    spec = in_worker(probes_step.TrainSteps, train_step, in_worker(GPTConfig, **dataclasses.asdict(cfg)),
+                     {k: v.detach() for k, v in model.state_dict().items()}, device)
     return learner.worker.build(spec)
 
 
@@ -134,8 +130,7 @@ def test_step_faster(learner, step, seed, record, lab_check):
     # a model whose device time per step a little exceeds the host's launch time: a step that makes the host
     # wait for the device then exposes all the launch work after the wait (clipping, the optimizer)
     cfg, steps_per_call = GPTConfig(d_model=384, n_head=6, n_layer=4, seq_len=128), 8
-    make_args = WorkerObject("infracourse.grading.inputs:gpt_batches", (dataclasses.asdict(cfg), 16, steps_per_call),
-                             {"seed": seed, "device": "cuda"})
+    make_args = in_worker(gpt_batches, dataclasses.asdict(cfg), 16, steps_per_call, seed=seed, device="cuda")
 
     def check(ran, args):
         if ran != len(args[0]):
@@ -146,7 +141,7 @@ def test_step_faster(learner, step, seed, record, lab_check):
         steps = _steps_in_worker(learner, train_step, cfg, model, "cuda")
         # the worker times with events; the judge clocks a batch of calls itself (grading.perf)
         # 8 calls of 8 steps: every call of the batch is also watched once, and a watched step is slow
-        return perf.timed(steps.steps, make_args, check=check, label=label, calls=8).seconds
+        return timed(steps.steps, make_args, check=check, label=label, calls=8).seconds
 
     provided, yours = time_step(None, "the provided step"), time_step(step, "your step")
     record("provided step", provided / steps_per_call, unit="s")

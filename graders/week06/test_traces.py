@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, in_worker
+from infracourse.kit import probes_step
 from infracourse.kit.gpt import GPT, GPTConfig, synthetic_batch
 
 LENGTHS, PRECISIONS = (32, 128), ("fp32", "bf16")
@@ -79,9 +79,8 @@ def _judge_trace(learner, step, seq_len: int, precision: str, seed: int) -> dict
     """The judge's own profile of the learner's step at one configuration, exported in the worker."""
     cfg = config(seq_len)
     model = GPT(cfg)
-    spec = WorkerObject("infracourse.kit.probes_step:TrainSteps",
-                        (step._handle, WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg)),
-                         {k: v.detach() for k, v in model.state_dict().items()}, "cpu"))
+    spec = in_worker(probes_step.TrainSteps, step, in_worker(GPTConfig, **dataclasses.asdict(cfg)),
+                     {k: v.detach() for k, v in model.state_dict().items()}, "cpu")
     steps = learner.worker.build(spec)
     inputs, targets = synthetic_batch(cfg, BATCH, seed=seed)
     steps.step(inputs, targets)  # warm-up, as the handout's traces do

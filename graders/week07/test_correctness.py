@@ -3,10 +3,9 @@ import random
 
 import pytest
 import torch
+from infracourse.grader import (LabCheckFailed, assert_close, explain_nan, fenced, interpreter_note,
+                                require_plain_tensor, run_watched)
 
-from infracourse.compare import assert_close
-from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
-                               run_watched)
 
 SIZES = [1, 127, 128, 129, 1023, 1025, 10**6]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

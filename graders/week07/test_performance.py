@@ -1,9 +1,7 @@
 """Week 7 performance on a GPU: bandwidth as a fraction of this device's calibrated copy bandwidth."""
 import pytest
+from infracourse.grader import assert_close, require_fraction, tensors, timed
 
-from infracourse.compare import assert_close
-from infracourse.grading.inputs import tensors
-from infracourse.grading.perf import require_fraction, timed
 
 N = 2**26 + 3
 

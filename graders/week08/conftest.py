@@ -6,11 +6,9 @@ on a CPU its checks are blocked and kernel-did-work compile-checks the file with
 """
 import pytest
 import torch
+from infracourse.grader import (LabCheckFailed, LearnerRaised, assert_close, blocked, interpreter_note,
+                                require_plain_tensor, run_watched, tolerance)
 
-from infracourse.compare import assert_close, tolerance
-from infracourse.grading.plugin import BLOCKED_PREFIX
-from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import LabCheckFailed, interpreter_note, require_plain_tensor, run_watched
 
 ROUTES = ("triton", "cuda")
 # Below 6.1e-5 fp16 is subnormal, spaced 6e-8 apart: rounding there loses up to half a step whatever the kernel.
@@ -41,8 +39,8 @@ def softmax(module, route, device):
     and outside any check's watch (about a minute: the worker's build folder lasts one grading session)."""
     if route == "cuda":
         if device != "cuda":
-            pytest.skip(BLOCKED_PREFIX + "the CUDA C++ route (BACKEND = \"cuda\") runs only on a CUDA GPU; on this "
-                        "machine kernel-did-work compile-checks softmax_cuda.cu with nvcc")
+            blocked("the CUDA C++ route (BACKEND = \"cuda\") runs only on a CUDA GPU; on this "
+                    "machine kernel-did-work compile-checks softmax_cuda.cu with nvcc")
         module.softmax(torch.zeros(2, 8, device="cuda"))
     return module.softmax
 

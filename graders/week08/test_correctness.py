@@ -3,8 +3,8 @@ import random
 
 import pytest
 import torch
+from infracourse.grader import LabCheckFailed, explain_nan, fenced, run_watched
 
-from infracourse.guard import LabCheckFailed, explain_nan, fenced, run_watched
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Row lengths around powers of two, odd ones, and 16385 (one past 2^14, where many kernels change strategy).

@@ -14,10 +14,8 @@ import re
 import pytest
 import torch
 
-from infracourse.grading.plugin import BLOCKED_PREFIX
-from infracourse.grading.protocol import WorkerObject
-from infracourse.grading.provenance import require_clean_sources
-from infracourse.guard import CallRecord, LabCheckFailed, run_watched
+from infracourse.grader import CallRecord, LabCheckFailed, blocked, require_clean_sources, run_watched
+from infracourse.kit import probes
 from infracourse.kit.probes import ptx_entries
 
 NVCC_ARCH = "sm_80"  # the oldest GPUs with bf16 arithmetic; the GPU build targets the learner's own device
@@ -52,7 +50,7 @@ def _cuda_kernel_ran(module, learner) -> None:
     if computed:
         raise LabCheckFailed(f"softmax called torch compute ops {computed}: the answer must come from your kernel in "
                              "softmax_cuda.cu, not from torch.softmax or other torch ops")
-    launched = learner.worker.build(WorkerObject("infracourse.kit.probes:cuda_kernels_launched", (softmax, x)))
+    launched = learner.build(probes.cuda_kernels_launched, softmax, x)
     if not isinstance(launched, list):
         raise LabCheckFailed(f"the profiler in the grading worker reported {type(launched).__name__}, not a list "
                              "of kernel names")
@@ -70,12 +68,12 @@ def _compile_check(learner) -> None:
     source = learner.path("softmax_cuda.cu")
     if not source.exists():
         raise LabCheckFailed("softmax_cuda.cu is missing from your week folder: restore it with `infracourse reset`")
-    built = learner.worker.build(WorkerObject("infracourse.kit.probes:nvcc_ptx", (str(source), NVCC_ARCH)))
+    built = learner.build(probes.nvcc_ptx, str(source), NVCC_ARCH)
     if not isinstance(built, dict):
         raise LabCheckFailed(f"the compile check in the grading worker reported {type(built).__name__}")
     if built.get("nvcc") is None:
-        pytest.skip(BLOCKED_PREFIX + "compile-checking softmax_cuda.cu needs nvcc (the CUDA toolkit) on PATH; "
-                    "this machine has none")
+        blocked("compile-checking softmax_cuda.cu needs nvcc (the CUDA toolkit) on PATH; "
+                "this machine has none")
     stderr, ptx = str(built.get("stderr", "")), str(built.get("ptx", ""))
     if built.get("returncode") != 0:
         errors = "\n".join(line for line in stderr.splitlines() if "error" in line)[-1500:]

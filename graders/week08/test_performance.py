@@ -3,9 +3,8 @@ against torch.softmax on the same device, all timed by the one harness (fresh in
 checked, L2 flushed, events + device-wide synchronise + wall-clock cross-check, physics floor)."""
 import pytest
 import torch
+from infracourse.grader import reference_time, require_fraction, require_speedup, tensors, timed
 
-from infracourse.grading.inputs import tensors
-from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
 
 WIDE = (8192, 4096)  # the shape the course compares at (h200.json: torch.softmax reaches ~58 % of copy here)
 LONG = (1024, 131072)  # rows of 512 KiB: longer than any one-block kernel can hold

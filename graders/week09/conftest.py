@@ -1,9 +1,9 @@
 """Week 9 graders: the learner's module, the tf32 switch it reads, and the error each dtype may show."""
 import pytest
 import torch
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import probes
 
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
 
 # Norm-wise relative error ||C - C_ref|| / ||C_ref|| against a float64 product of the same inputs.
 # fp32 "ieee" (torch's default, allow_tf32 False) measures about 1e-7; tf32 tensor cores, allowed only when
@@ -23,7 +23,7 @@ def tf32(learner):
     """tf32(allow): set torch.backends.cuda.matmul.allow_tf32 in the worker, where the learner's matmul reads
     it, and here, where the error bound and the advice read it."""
     def _set(allow: bool) -> None:
-        got = learner.worker.build(WorkerObject("infracourse.kit.probes:set_tf32", (allow,)))
+        got = learner.build(probes.set_tf32, allow)
         if got is not allow:
             raise LabCheckFailed(f"torch.backends.cuda.matmul.allow_tf32 could not be set to {allow} in the process "
                                  f"running your code (it reads {got!r}): do not replace torch's backend flags")

@@ -3,11 +3,9 @@ import random
 
 import pytest
 import torch
+from infracourse.grader import (LabCheckFailed, dtype_name as _name, explain_nan, fenced, interpreter_note,
+                                relative_error, require_plain_tensor, run_watched, wrong_blocks)
 
-from infracourse.compare import relative_error, wrong_blocks
-from infracourse.grading.inputs import dtype_name as _name
-from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
-                               run_watched)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (M, K, N): C is M x N. Sizes that do not divide any tile, 1x1x1, K = 1, a row vector times a matrix,

@@ -1,11 +1,9 @@
 """Week 9 performance on a GPU: TFLOP/s against cuBLAS (torch.mm) on the same device, timed the same way."""
 import pytest
 import torch
+from infracourse.grader import (LabCheckFailed, dtype_name, reference_time, relative_error, require_fraction, tensors,
+                                timed)
 
-from infracourse.compare import relative_error
-from infracourse.grading.inputs import dtype_name, tensors
-from infracourse.grading.perf import reference_time, require_fraction, timed
-from infracourse.guard import LabCheckFailed
 
 # (M, K, N) for the sweep: where a plain tiled kernel wins, ties and loses against the vendor library
 SWEEP = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4097, 4097, 4097), (16, 8192, 8192),

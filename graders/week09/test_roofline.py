@@ -3,8 +3,8 @@ import math
 
 import pytest
 import torch
+from infracourse.grader import LabCheckFailed
 
-from infracourse.guard import LabCheckFailed
 
 # (M, N, K, dtype): square (compute-bound on any GPU), skinny M (a decode step: memory-bound), small K,
 # and fp32, where each element costs twice the bytes.

@@ -5,12 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.compare import assert_close, assert_grad_close, relative_error
-from infracourse.grading.inputs import dtype_name as _name
-from infracourse.grading.provenance import require_own_kernel
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import (LabCheckFailed, explain_nan, fenced, interpreter_note, require_plain_tensor,
-                               run_watched)
+from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, dtype_name as _name, explain_nan,
+                                fenced, in_worker, interpreter_note, relative_error, require_own_kernel,
+                                require_plain_tensor, run_watched)
+from infracourse.kit import probes
 from infracourse.kit.gpt import GPTConfig, synthetic_batch
 from infracourse.kit.probes import GPTTrainer
 
@@ -126,7 +124,7 @@ def test_edge_inputs(rms, device, reference):
 def _backward_node(learner, rms, x, weight, what):
     """The learner's autograd.Function node behind rms_norm(x, weight), in the worker (kit.probes): its
     backward(dy) runs their backward alone, so a watched call of it observes just that."""
-    node = learner.worker.build(WorkerObject("infracourse.kit.probes:AutogradNode", (rms.rms_norm, (x, weight))))
+    node = learner.build(probes.AutogradNode, rms.rms_norm, (x, weight))
     if node.custom is not True:
         made_by = node.grad_fn_type or "nothing (no grad_fn)"
         raise LabCheckFailed(
@@ -180,9 +178,7 @@ def test_model_integration(rms, learner, device, seed):
     idx, targets = synthetic_batch(cfg, 2, seed=seed, device=device)
     options = {"seed": seed % 1000, "device": device}
     expected_loss, expected = GPTTrainer(cfg, None, **options).gradients(idx, targets)
-    yours = learner.worker.build(WorkerObject(
-        "infracourse.kit.probes:GPTTrainer",
-        (WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg)), rms.rms_norm), options))
+    yours = learner.build(probes.GPTTrainer, in_worker(GPTConfig, **dataclasses.asdict(cfg)), rms.rms_norm, **options)
     answer = yours.gradients(idx, targets)
     if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], float)
             and isinstance(answer[1], dict)):

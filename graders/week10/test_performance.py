@@ -10,12 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infracourse.compare import assert_close, assert_grad_close
-from infracourse.grading.inputs import build, scaled, tokens
-from infracourse.grading.inputs import dtype_name as _name
-from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, build_inputs, dtype_name as _name,
+                                in_worker, reference_time, require_fraction, require_speedup, scaled, timed, tokens)
+from infracourse.kit import probes
 from infracourse.kit.gpt import GPTConfig, RMSNorm
 from infracourse.kit.probes import GPTTrainer
 
@@ -88,7 +85,7 @@ def operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed):
     # (x, weight = 1 + 0.5 randn, dy)
     spec = scaled([[rows, cols], [cols], [rows, cols]], scales=[1.0, 0.5, 1.0], shifts=[0.0, 1.0, 0.0],
                   dtype=_name(dtype), seed=seed)
-    yours = learner.worker.build(WorkerObject("infracourse.kit.probes:ForwardBackward", (rms.rms_norm, EPS)))
+    yours = learner.build(probes.ForwardBackward, rms.rms_norm, EPS)
 
     def check(out, args):
         if not isinstance(out, tuple) or len(out) != 3:
@@ -139,10 +136,8 @@ def test_end_to_end(rms, learner, unfused, ceilings, record, seed):
     config = dataclasses.asdict(MODEL)
     batches = tokens(config, BATCH, seed=seed)
     baseline = GPTTrainer(MODEL, None, **options)
-    yours = learner.worker.build(WorkerObject(
-        "infracourse.kit.probes:GPTTrainer",
-        (WorkerObject("infracourse.kit.gpt:GPTConfig", (), config), rms.rms_norm), options))
-    idx, targets = build(batches)(10**7)  # a batch no timed step uses
+    yours = learner.build(probes.GPTTrainer, in_worker(GPTConfig, **config), rms.rms_norm, **options)
+    idx, targets = build_inputs(batches)(10**7)  # a batch no timed step uses
     expected, got = baseline.loss(idx, targets), yours.loss(idx, targets)
     if not isinstance(got, float) or not abs(got - expected) <= 2e-2 * abs(expected):
         shown = f"{got:.5g}" if isinstance(got, float) else repr(got)[:60]

@@ -12,8 +12,7 @@ import statistics
 import pytest
 import torch
 
-from infracourse.grading.torchrun import run_ranks
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, run_ranks
 from infracourse.kit import collectives as kit
 from infracourse.kit.dist_probes import collectives_called, messages_sent
 

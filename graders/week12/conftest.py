@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infracourse.grading.torchrun import RanksRun, run_ranks
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, RanksRun, run_ranks
 from infracourse.kit import ddp_reference as ref
 
 KIT = "infracourse.kit.ddp_reference"

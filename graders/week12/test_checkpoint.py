@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import params_difference
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 NAME = "checkpoint.pt"
 

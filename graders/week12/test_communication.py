@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import STEPS
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("one-allreduce-per-step")

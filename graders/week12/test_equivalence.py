@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import GLOBAL_BATCH, STEPS, params_difference
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 def _check_world(world, reference) -> None:
     params, losses = reference

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import GLOBAL_BATCH, SAMPLES, STEPS
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 EPOCHS = STEPS // (SAMPLES // GLOBAL_BATCH)
 

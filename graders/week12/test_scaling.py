@@ -18,8 +18,7 @@ import pytest
 
 from conftest import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS,
                       course_step_s, params_difference, step_gaps)
-from infracourse.grading.torchrun import run_ranks
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, run_ranks
 from infracourse.kit import ddp_reference as ref
 
 GPU_GLOBAL = 4096  # the timed GPU runs' global batch

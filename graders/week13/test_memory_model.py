@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.sharding import PRECISIONS, STAGES, largest_model_that_fits, memory_per_device
 
 KEYS = ("params", "grads", "optimizer", "total")

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infracourse.grading.torchrun import collect, start_ranks
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, collect, start_ranks
 from infracourse.kit import sharding as S
 
 WORLDS = (2, 3)

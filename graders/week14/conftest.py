@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from infracourse.grading.torchrun import RanksRun, collect, run_ranks, start_ranks, rank_processes
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, RanksRun, collect, rank_processes, run_ranks, start_ranks
 from infracourse.kit.parallel_reference import moe_weights, overflowing_capacity
 
 WORLD = 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
 from infracourse.kit.dist_probes import collectives_called
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import World
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
 
 TOL = dict(rtol=1e-9, atol=1e-12)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import STEPS
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
 
 SLACK_S = 0.5  # the judge polls the log every 5 ms; a loaded machine delays its reading

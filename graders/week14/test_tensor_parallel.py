@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
 
 TOL = dict(rtol=1e-9, atol=1e-12)

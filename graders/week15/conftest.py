@@ -6,8 +6,9 @@ import random
 import pytest
 import torch
 
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, in_worker
+from infracourse.kit import gpt
+from infracourse.kit import intra_op
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.threads import intra_op_threads
 
@@ -28,7 +29,7 @@ def seeded_config(seed: int) -> GPTConfig:
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread(learner):
     # A tiny model: one thread on both sides makes the timings steadier (see infracourse.kit.threads).
-    learner.worker.build(WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,)))
+    learner.build(intra_op.set_intra_op_threads, 1)
     with intra_op_threads(1):
         yield
 
@@ -41,8 +42,8 @@ def kv(learner):
 def models(learner, cfg: GPTConfig, seed: int, dtype: torch.dtype = torch.float32):
     """(the judge's model, the same model built in the worker), weights from `seed`."""
     local = GPT(cfg, seed=seed).to(dtype)
-    config = WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))
-    remote = learner.worker.build(WorkerObject("infracourse.kit.gpt:GPT", (config,), {"seed": seed}))
+    config = in_worker(GPTConfig, **dataclasses.asdict(cfg))
+    remote = learner.build(gpt.GPT, config, seed=seed)
     if dtype != torch.float32:
         remote = remote.to(dtype)
     return local, remote

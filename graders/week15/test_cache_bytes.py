@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from conftest import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, models, seeded_config
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, in_worker
 from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.generate import seeded_prompts
 
@@ -22,7 +21,7 @@ def course_kv_bytes(cfg: GPTConfig, tokens: int, dtype: torch.dtype) -> int:
 
 
 def learner_kv_bytes(kv, cfg, tokens, dtype):
-    config = WorkerObject("infracourse.kit.gpt:GPTConfig", (), dataclasses.asdict(cfg))
+    config = in_worker(GPTConfig, **dataclasses.asdict(cfg))
     got = kv.kv_bytes(config, tokens, dtype)
     if type(got) is not int:
         raise LabCheckFailed(f"kv_bytes must return a whole number of bytes (int), got {got!r:.100}")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import call_generate, models, seeded_config
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.generate import greedy_generate, seeded_prompts
 
 RTOL, ATOL = 1e-4, 1e-4

@@ -15,8 +15,8 @@ call gets a fresh seeded prompt and its tokens are checked against full recomput
 import pytest
 
 from conftest import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, follows_greedy, models
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import generate
 from infracourse.kit.generate import greedy_generate, seeded_prompts
 
 REPEATS = 5
@@ -61,7 +61,7 @@ def test_cached_decode_is_faster(kv, learner, record, lab_check, seed, device):
         return min(times)  # the fastest call: the least disturbed by other work on the machine
 
     def reference(n):
-        return learner.worker.build(WorkerObject("infracourse.kit.generate:greedy_generate", (remote, warm, n)))
+        return learner.build(generate.greedy_generate, remote, warm, n)
 
     reference(2)  # warm-up
     ttft, mid, total = timed_learner(1), timed_learner(MID), timed_learner(TIMING_NEW)

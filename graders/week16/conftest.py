@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, LearnerRaised
 from infracourse.kit.paged_reference import state_violations
 
 

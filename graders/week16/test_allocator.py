@@ -8,7 +8,7 @@ import random
 import pytest
 
 from conftest import JudgeAllocator, attempt, checked_state
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 OPS = 120
 

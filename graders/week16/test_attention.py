@@ -7,8 +7,7 @@ import random
 import pytest
 import torch
 
-from infracourse.compare import assert_close
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, assert_close
 from infracourse.kit.paged_reference import contiguous_attention
 
 CASES = [  # (n_head, kv_heads, head_dim, block_size, dtype)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.generate import greedy_generate
 from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.paged_generation import InvalidAnswer, PagedGeneration

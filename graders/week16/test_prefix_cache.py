@@ -7,8 +7,8 @@ import random
 import pytest
 
 from conftest import JudgeAllocator, attempt, checked_state
-from infracourse.guard import LabCheckFailed
 from test_allocator import random_run
+from infracourse.grader import LabCheckFailed
 
 # The shared-prefix workload (fixed, so the report's figures can be compared with this grade's):
 # 8 requests, one 100-token system prompt, each with its own 20-token question; 16-token blocks, 64 blocks.

@@ -7,8 +7,8 @@ must equal full recomputation in both runs; cached tokens and blocks must be wha
 import pytest
 import torch
 
-from infracourse.grading.remote import WorkerObject
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import intra_op
 from infracourse.kit import paged_generation as pg
 from infracourse.kit.generate import greedy_generate
 from infracourse.kit.threads import intra_op_threads
@@ -29,7 +29,7 @@ def test_serving_with_and_without_prefix_caching(paged, learner, seed, device, r
             raise LabCheckFailed(f"{what}: generated {run.tokens}, full recomputation {want}")
 
     # one intra-op thread on both sides: the CPU clock then counts work, not threads spinning while they wait
-    learner.worker.build(WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,)))
+    learner.build(intra_op.set_intra_op_threads, 1)
     with intra_op_threads(1):
         try:
             runs = pg.serve_shared_prefix(paged, seed, learner.worker.joint_clock(device), device, check)

@@ -8,7 +8,7 @@ import difflib
 import pytest
 import yaml
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.paged_reference import REQUIRED_STAGES, vllm_index
 
 

@@ -28,8 +28,7 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Phase, Server, ServerFailed, run_phase, serve
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import batching
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
 from infracourse.kit.threads import intra_op_threads
@@ -44,7 +43,7 @@ class Served:
     seed: int
     device: str
     cfg: batching.ServeConfig
-    phases: dict[str, Phase]
+    phases: dict[str, serving.Phase]
     log: str = ""
 
     def failed(self, what: str) -> LabCheckFailed:
@@ -52,7 +51,7 @@ class Served:
         return LabCheckFailed(teach_from_log(self.log, what))
 
 
-def teach(server: Server, what: str) -> str:
+def teach(server: serving.Server, what: str) -> str:
     """`what`, plus the server's NotImplementedError or last traceback line when its log has one."""
     return teach_from_log(server.log_tail(20000), what)
 
@@ -66,7 +65,7 @@ def teach_from_log(log: str, what: str) -> str:
     return f"{what}. Your server's log ends with: {errors[-1]}" if errors else what
 
 
-def state(server: Server) -> dict:
+def state(server: serving.Server) -> dict:
     """/debug/state, its fields type-checked: num_blocks, free_blocks, running, waiting (ints)."""
     s = server.get_json("/debug/state")
     missing = [k for k in ("num_blocks", "free_blocks", "running", "waiting")
@@ -77,7 +76,7 @@ def state(server: Server) -> dict:
     return s
 
 
-def wait_idle(server: Server, free: int, within_s: float) -> tuple[dict, float]:
+def wait_idle(server: serving.Server, free: int, within_s: float) -> tuple[dict, float]:
     """Poll /debug/state until nothing runs or waits and `free` blocks are free; (last state, seconds waited)."""
     started = time.perf_counter()
     while True:
@@ -135,7 +134,7 @@ def first_non_greedy_expected(model, prompt, tokens, position) -> int:
     return int(model(torch.tensor([prompt + tokens[:position]]))[0, -1].float().argmax())
 
 
-def device_memory_mb(server: Server) -> float | None:
+def device_memory_mb(server: serving.Server) -> float | None:
     """GPU memory the server's processes hold, MiB, as the driver reports it (nvidia-smi, after the load: the
     caching allocator keeps its peak); None on a CPU run or where the driver lists no process of the server."""
     try:
@@ -149,7 +148,7 @@ def device_memory_mb(server: Server) -> float | None:
     return sum(used) if used else None
 
 
-def peak_rss_mb(server: Server) -> float:
+def peak_rss_mb(server: serving.Server) -> float:
     """The largest peak resident set (VmHWM) among the server's processes, MiB: the uvicorn Python process."""
     peak = 0
     try:
@@ -169,7 +168,7 @@ def peak_rss_mb(server: Server) -> float:
 
 # --- the phases ------------------------------------------------------------------------------------------------
 
-def phase_load(server: Server, seed: int) -> dict:
+def phase_load(server: serving.Server, seed: int) -> dict:
     specs = batching.bench_specs(seed)
     samples, stop = [], threading.Event()
 
@@ -196,7 +195,7 @@ def phase_load(server: Server, seed: int) -> dict:
             "device_mb": device_memory_mb(server)}
 
 
-def phase_starvation(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
+def phase_starvation(server: serving.Server, seed: int, cfg: batching.ServeConfig) -> dict:
     """Fill every slot and block with long-running requests, queue short prompts and one long prompt behind
     them, and see who is admitted first when the slots come free."""
     # one prompt token and enough new ones that the fillers' sequences end up holding every block of the pool
@@ -219,7 +218,7 @@ def phase_starvation(server: Server, seed: int, cfg: batching.ServeConfig) -> di
             "full": full, "fillers": done.get("records")}
 
 
-def phase_disconnect(server: Server, seed: int, floor_s: float) -> dict:
+def phase_disconnect(server: serving.Server, seed: int, floor_s: float) -> dict:
     before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
     prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 3)[0].prompt_ids
     max_tokens = 120
@@ -250,7 +249,7 @@ def phase_disconnect(server: Server, seed: int, floor_s: float) -> dict:
             "window_s": window, "closed": closed, "next": (spec, records[0])}
 
 
-def phase_timeout(server: Server, seed: int, itl_s: float) -> dict:
+def phase_timeout(server: serving.Server, seed: int, itl_s: float) -> dict:
     before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
     prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 5)[0].prompt_ids
     max_tokens = 120
@@ -273,7 +272,7 @@ def phase_timeout(server: Server, seed: int, itl_s: float) -> dict:
             "before": before, "after": after, "max_tokens": max_tokens}
 
 
-def phase_burst(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
+def phase_burst(server: serving.Server, seed: int, cfg: batching.ServeConfig) -> dict:
     """All at once, each on its own raw stream (a thread each): status, seconds to the status line, text."""
     n = cfg.max_num_seqs + cfg.max_waiting + 32
     specs = request_matrix([8], [16], n, vocab_size=128, seed=seed + 6)
@@ -312,22 +311,22 @@ def phase_burst(server: Server, seed: int, cfg: batching.ServeConfig) -> dict:
     return {"specs": specs, "answers": answers, "samples": samples, "n": n}
 
 
-_run = functools.partial(run_phase, teach=teach, who="server")  # one phase of the grade, into phases
+_run = functools.partial(serving.run_phase, teach=teach, who="server")  # one phase of the grade, into phases
 
 
 @pytest.fixture(scope="session")
 def learner_server(learner, device, tmp_path_factory):
     """The learner's server, up for the whole grade (the throughput check may measure it again)."""
     cfg = batching.bench_config(device)
-    with serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=cfg.to_env(),
-               ready_timeout_s=60, device=device) as server:
+    with serving.serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=cfg.to_env(),
+                       ready_timeout_s=60, device=device) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def served(learner_server, seed, device) -> Served:
     server, cfg, s = learner_server, batching.bench_config(device), seed % 10_000
-    phases: dict[str, Phase] = {}
+    phases: dict[str, serving.Phase] = {}
     _run(phases, "load", server, phase_load, s)
     _run(phases, "starvation", server, phase_starvation, s, cfg)
     _run(phases, "disconnect", server, phase_disconnect, s, cfg.step_floor_ms / 1000)
@@ -350,12 +349,12 @@ def static_server(device, tmp_path_factory):
     """The course's static-batching server (kit.static_server), same limits; nothing of the learner's on its
     import path."""
     empty = tmp_path_factory.mktemp("static-app")
-    with serve(empty, "infracourse.kit.static_server:app", scratch=tmp_path_factory.mktemp("srv-static"),
-               env=batching.bench_config(device).to_env(), ready_timeout_s=60, device=device) as server:
+    with serving.serve(empty, "infracourse.kit.static_server:app", scratch=tmp_path_factory.mktemp("srv-static"),
+                       env=batching.bench_config(device).to_env(), ready_timeout_s=60, device=device) as server:
         yield server
 
 
-def load_point(server: Server, seed: int, who: str) -> dict:
+def load_point(server: serving.Server, seed: int, who: str) -> dict:
     """The load point through `server`, the judge's clock: kit.loadgen metrics (output_throughput: output tokens
     of successful requests per second; ttft_ms percentiles)."""
     records, duration = server.load(batching.bench_specs(seed), concurrency=batching.BENCH_CONCURRENCY,

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("backpressure")

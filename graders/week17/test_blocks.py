@@ -3,7 +3,7 @@ mid-stream is aborted at once (its blocks free long before its generation could 
 import pytest
 
 from conftest import check_outputs
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("blocks-freed")

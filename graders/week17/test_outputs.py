@@ -4,7 +4,6 @@ for the report."""
 import pytest
 
 from conftest import check_outputs, tokens_of
-from infracourse.guard import LabCheckFailed
 from infracourse.kit import batching
 from infracourse.kit.loadgen import serving_cost
 

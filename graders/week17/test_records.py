@@ -3,8 +3,7 @@ a real run of the load point, and every figure of the report recomputes from the
 import pytest
 
 from conftest import PERCENTILES, check_outputs
-from infracourse.grading.report_check import read_figures
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, read_figures
 from infracourse.kit import batching
 from infracourse.kit.loadgen import compute_metrics, read_records, serving_cost
 

@@ -6,7 +6,7 @@ by making requests wait for their first token has not beaten static batching."""
 import pytest
 
 from conftest import load_point
-from infracourse.guard import LabCheckFailed, WrongOutput
+from infracourse.grader import LabCheckFailed, WrongOutput
 
 TTFT_SLACK = 1.25  # P99 TTFT may exceed static batching's by this factor (two runs of a loaded machine differ)
 _attempts = []

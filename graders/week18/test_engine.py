@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import kit, remote_gpt, require
+from conftest import remote_gpt, require
+from infracourse.kit import block_pool
 from infracourse.kit.gpt import GPTConfig
 
 CFG = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=2, n_layer=2)
@@ -35,7 +36,7 @@ def engine_module(learner):
 
 def setup(learner, engine_module, seed, max_queue):
     local, model = remote_gpt(learner, CFG, seed)
-    pool = kit(learner, "block_pool:BlockPool", NUM_BLOCKS, BLOCK_SIZE)
+    pool = learner.build(block_pool.BlockPool, NUM_BLOCKS, BLOCK_SIZE)
     return local, pool, engine_module.Engine(model, pool, max_queue=max_queue)
 
 

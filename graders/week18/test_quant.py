@@ -13,7 +13,7 @@ quant-quality  the quantised model's logits on the fixed eval tokens equal the c
 import pytest
 import torch
 
-from conftest import kit, require
+from conftest import require
 from infracourse.kit import quant_eval
 from infracourse.kit.speculative import target_model
 
@@ -74,8 +74,8 @@ def test_error_within_half_a_step_per_channel(quant, seed):
 @pytest.mark.check("quant-memory")
 def test_quantised_model_is_smaller(quant, learner, record, lab_check):
     model = target_model(0)
-    qmodel = quant.quantize_model(kit(learner, "speculative:target_model", 0))
-    state = kit(learner, "quant_eval:state_tensors", qmodel)  # fetched: measured here
+    qmodel = quant.quantize_model(learner.build(target_model, 0))
+    state = learner.build(quant_eval.state_tensors, qmodel)  # fetched: measured here
     require(isinstance(state, dict) and all(isinstance(t, torch.Tensor) for t in state.values()),
             "quantize_model(model).state_dict() must hold tensors")
     linear = quant_eval.quantized_weights(model)
@@ -102,7 +102,7 @@ def test_quantised_model_is_smaller(quant, learner, record, lab_check):
 def test_quality_measured_against_reference(quant, learner, record):
     model = target_model(0)
     tokens = quant_eval.eval_tokens()
-    qmodel = quant.quantize_model(kit(learner, "speculative:target_model", 0))
+    qmodel = quant.quantize_model(learner.build(target_model, 0))
     got = qmodel(tokens)
     require(isinstance(got, torch.Tensor) and tuple(got.shape) == (*tokens.shape, 256),
             f"quantize_model(model)(tokens) must give ({tokens.shape[0]}, {tokens.shape[1]}, 256) logits, got "

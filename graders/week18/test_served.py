@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import require
-from infracourse.grading.serving import serve
+from infracourse.grader import serving
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.loadgen import RequestSpec
 
@@ -36,8 +36,8 @@ REFUSED = ("HTTP 429", "HTTP 503")
 def server(learner, tmp_path_factory, seed):
     env = {"INFRACOURSE_SERVE": json.dumps({"max_queue": MAX_QUEUE, "step_s": STEP_S, "num_blocks": NUM_BLOCKS,
                                             "block_size": 4, "seed": seed % 1000})}
-    with serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=env,
-               ready_timeout_s=60) as running:
+    with serving.serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=env,
+                       ready_timeout_s=60) as running:
         yield running
 
 

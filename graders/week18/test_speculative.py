@@ -16,9 +16,9 @@ import random
 
 import pytest
 
-from conftest import kit, require
+from conftest import require
 from infracourse.kit.generate import seeded_prompts
-from infracourse.kit.speculative import batched_greedy, draft_model, replay, target_model
+from infracourse.kit.speculative import CountedModel, batched_greedy, draft_model, replay, target_model
 
 N_NEW = 40
 SPEED_K, SPEED_NEW, BATCHES = 4, 32, (1, 2, 4, 8)
@@ -32,8 +32,8 @@ def spec(learner):
 @pytest.fixture(scope="module")
 def pair(learner):
     """(judge's target, judge's draft, worker target counted, worker draft)."""
-    counted = kit(learner, "speculative:CountedModel", kit(learner, "speculative:target_model", 0))
-    return target_model(0), draft_model(0), counted, kit(learner, "speculative:draft_model", 0)
+    counted = learner.build(CountedModel, learner.build(target_model, 0))
+    return target_model(0), draft_model(0), counted, learner.build(draft_model, 0)
 
 
 def call(spec, pair, prompts, k, n, what):
@@ -119,7 +119,7 @@ def timed_pair(fn, baseline, repeats, clock):
 def test_speedup_and_where_it_stops(spec, learner, record, lab_check, seed, device):
     target = target_model(0)
     clock = learner.worker.clock(device)  # both calls run in the worker; on a CPU its CPU seconds
-    remote_target, remote_draft = kit(learner, "speculative:target_model", 0), kit(learner, "speculative:draft_model", 0)
+    remote_target, remote_draft = learner.build(target_model, 0), learner.build(draft_model, 0)
     speedups, stop = {}, 16
     for batch in BATCHES:
         prompts = seeded_prompts(batch, 256, 16, 16, seed=seed + batch)
@@ -127,7 +127,7 @@ def test_speedup_and_where_it_stops(spec, learner, record, lab_check, seed, devi
         spec.speculative_generate(remote_target, remote_draft, prompts, SPEED_K, 2)  # warm-up
         (t_spec, t_plain), (out, plain) = timed_pair(
             lambda: spec.speculative_generate(remote_target, remote_draft, prompts, SPEED_K, SPEED_NEW),
-            lambda: kit(learner, "speculative:batched_greedy", remote_target, prompts, SPEED_NEW),
+            lambda: learner.build(batched_greedy, remote_target, prompts, SPEED_NEW),
             5 if batch == 1 else 2, clock)
         require(isinstance(out, tuple) and out and out[0] == plain == batched_greedy(target, prompts, SPEED_NEW),
                 f"{what}: the timed call's tokens are not the target's greedy tokens; pass spec-greedy first")

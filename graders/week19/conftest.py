@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, LearnerRaised
 from infracourse.kit import datapipe
 from infracourse.kit.datapipe import DatasetSpec, StorageServer
 

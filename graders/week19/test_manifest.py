@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import check_manifest
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import datapipe
 from infracourse.kit.datapipe import PREFETCH
 

@@ -11,7 +11,7 @@ shard bytes and batches live; Linux 4.7+), and MALLOC_ARENA_MAX=2 keeps the rese
 import pytest
 
 from conftest import Built, check_manifest
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH, STREAM
 
 BUDGET = 48 * 2 ** 20

@@ -6,7 +6,7 @@ had not, in the same order."""
 import pytest
 
 from conftest import flat
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH
 
 STEP_S = 0.3  # the training step between receiving batch k and saving: a prefetcher runs ahead meanwhile

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from conftest import flat
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("shards-disjoint")

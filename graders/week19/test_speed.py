@@ -4,7 +4,7 @@ CPU, so the margins below hold on a busy machine; every duration is the judge's 
 start and end lines arrived here), and every read is counted at the judge's storage server."""
 import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.datapipe import BATCH_SIZE, COMPUTE_S, LAB, LATENCY_S, PREFETCH
 
 HIDDEN_FRACTION = 0.5  # of the epoch's read latency, prefetch must take off the course's synchronous loader

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infracourse.grading import output
-from infracourse.grading.serving import Phase, Server, start, stop, wait_ready
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, output, serving
 from infracourse.kit import service_kit as sk
 
 LOAD_DELAY_S = 2.0
@@ -34,7 +32,7 @@ FILES = ("server.py", "limiter.py", "run.sh", "DEPLOY.md", "Dockerfile", "requir
 class Served:
     seed: int
     cfg: sk.ServiceConfig
-    phases: dict[str, Phase]
+    phases: dict[str, serving.Phase]
     answers: list  # every completion the judge sent, in order
     log: str = ""
 
@@ -66,7 +64,7 @@ def _ok(answer: sk.Answer, what: str) -> None:
 
 # --- the phases ------------------------------------------------------------------------------------------------
 
-def phase_readiness(server: Server, seed: int, ledger: list) -> dict:
+def phase_readiness(server: serving.Server, seed: int, ledger: list) -> dict:
     target, began = server.uds, server.began
     health = sk.call(target, "GET", "/health")
     polls = []  # (seconds since launch, /ready status)
@@ -87,25 +85,25 @@ def phase_readiness(server: Server, seed: int, ledger: list) -> dict:
             "completion": done, "prompt": prompt}
 
 
-def phase_rate(server: Server, seed: int, ledger: list) -> dict:
+def phase_rate(server: serving.Server, seed: int, ledger: list) -> dict:
     data = sk.rate_phase(server.uds, seed)
     ledger.extend(data["baseline"] + data["steady"] + data["greedy"])
     return data
 
 
-def phase_deadline(server: Server, seed: int, ledger: list) -> dict:
+def phase_deadline(server: serving.Server, seed: int, ledger: list) -> dict:
     a = sk.deadline_phase(server.uds, seed)
     ledger.append(a)
     return {"answer": a}
 
 
-def phase_burst(server: Server, seed: int, ledger: list) -> dict:
+def phase_burst(server: serving.Server, seed: int, ledger: list) -> dict:
     data = sk.burst_phase(server.uds, JUDGE_CFG, seed)
     ledger.extend(a for a in data["answers"] if a is not None)
     return data
 
 
-def phase_final(server: Server, seed: int, ledger: list) -> dict:
+def phase_final(server: serving.Server, seed: int, ledger: list) -> dict:
     time.sleep(0.2)  # the deadline request's thread and the last log lines settle
     a = sk.call(server.uds, "GET", "/metrics")
     _ok(a, "GET /metrics after the load")
@@ -119,32 +117,32 @@ def phase_final(server: Server, seed: int, ledger: list) -> dict:
     return {"samples": samples, "text": text}
 
 
-def _run(phases: dict, name: str, server: Server, fn, *args) -> None:
+def _run(phases: dict, name: str, server: serving.Server, fn, *args) -> None:
     try:
-        phases[name] = Phase(data=fn(server, *args))
+        phases[name] = serving.Phase(data=fn(server, *args))
     except LabCheckFailed as exc:
-        phases[name] = Phase(failure=teach_from_log(server.log_tail(20000), str(exc)))
+        phases[name] = serving.Phase(failure=teach_from_log(server.log_tail(20000), str(exc)))
     except Exception as exc:  # noqa: BLE001 - a phase the server broke: its checks fail, the others still run
         alive = "" if server.alive() else " (your server has exited)"
-        phases[name] = Phase(failure=teach_from_log(server.log_tail(20000), f"the judge's {name} phase could not "
-                                                    f"complete{alive}: {type(exc).__name__}: {exc}"))
+        phases[name] = serving.Phase(failure=teach_from_log(
+            server.log_tail(20000), f"the judge's {name} phase could not complete{alive}: {type(exc).__name__}: {exc}"))
 
 
 @pytest.fixture(scope="session")
 def served(learner, seed, tmp_path_factory) -> Served:
     s = seed % 10_000
-    phases: dict[str, Phase] = {}
+    phases: dict[str, serving.Phase] = {}
     ledger: list = []
     began = time.perf_counter()
-    server = start(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=JUDGE_CFG.to_env())
+    server = serving.start(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=JUDGE_CFG.to_env())
     server.began = began  # the launch, on the judge's clock
     try:
         try:
-            wait_ready(server, 60)
+            serving.wait_ready(server, 60)
         except LabCheckFailed as exc:
             failure = teach_from_log(server.log_tail(20000), str(exc))
             for name in ("readiness", "rate", "deadline", "burst", "final"):
-                phases[name] = Phase(failure=failure)
+                phases[name] = serving.Phase(failure=failure)
             return Served(s, JUDGE_CFG, phases, ledger, server.log_tail(200000))
         _run(phases, "readiness", server, phase_readiness, s, ledger)
         polls = phases["readiness"].data.get("polls") or [(0.0, 200)]
@@ -165,7 +163,7 @@ def served(learner, seed, tmp_path_factory) -> Served:
         # the whole log is evidence (test_observability), read up to the output cap: the server may write the file
         return Served(s, JUDGE_CFG, phases, ledger, output.read_tail(server.log_path, output.OUTPUT_LIMIT))
     finally:
-        stop(server)
+        serving.stop(server)
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FILES, JUDGE_CFG, expect_tokens, teach_from_log
+from infracourse.grader import LabCheckFailed, output, server_environment, serving
 from infracourse import sandbox
-from infracourse.grading import output
-from infracourse.grading.serving import LOG_NAME, SOCKET_NAME, Server, _environment, stop
-from infracourse.guard import LabCheckFailed
 from infracourse.kit import service_kit as sk
 
 RUN_BLOCK = re.compile(r"^```[ \t]*(?:sh|bash|shell)[ \t]+run[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -49,16 +47,17 @@ def test_local_run_from_clean_copy(learner, judge_model, seed, device):
     folder = Path(tempfile.mkdtemp(prefix="w20-deploy-", dir="/tmp" if Path("/tmp").is_dir() else None))
     try:
         clean_copy(learner.root, folder)
-        uds = folder / SOCKET_NAME
+        uds = folder / serving.SOCKET_NAME
         argv = ["bash", "-c", command]
         if sandbox.status().available:
             argv = sandbox.wrap(argv, snapshot=None, scratch=folder)
-        env = _environment(folder, device, {**JUDGE_CFG.to_env(), "SERVICE_UDS": str(uds)})
-        captured = output.Capture(folder / LOG_NAME)  # cut past output.OUTPUT_LIMIT, the command's session killed
+        env = server_environment(folder, device, {**JUDGE_CFG.to_env(), "SERVICE_UDS": str(uds)})
+        # cut past output.OUTPUT_LIMIT, the command's session killed
+        captured = output.Capture(folder / serving.LOG_NAME)
         proc = captured.spawn(lambda log: subprocess.Popen(argv, env=env, cwd=folder, start_new_session=True,
                                                            stdin=subprocess.DEVNULL, stdout=log,
                                                            stderr=subprocess.STDOUT))
-        server = Server(str(uds), proc, captured.path, captured=captured)
+        server = serving.Server(str(uds), proc, captured.path, captured=captured)
         what = (f"`{command}` (DEPLOY.md's run block), run in a fresh folder holding only your files "
                 f"({', '.join(FILES)}) with SERVICE_UDS={uds}")
         try:
@@ -82,7 +81,7 @@ def test_local_run_from_clean_copy(learner, judge_model, seed, device):
             a = sk.complete(str(uds), prompt, 6, client="deployer")
             expect_tokens(judge_model, a, prompt, 6, f"{what}: a completion once ready")
         finally:
-            stop(server)
+            serving.stop(server)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

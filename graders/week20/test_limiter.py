@@ -3,9 +3,9 @@ built and called in the grading worker, time moves only when the judge says."""
 import math
 
 import pytest
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import service_kit
 
-from infracourse.grading.protocol import WorkerObject
-from infracourse.guard import LabCheckFailed
 
 EPS = 1e-6
 
@@ -24,8 +24,7 @@ def test_token_bucket(learner, seed):
     rate, burst = (2.5, 4.0, 8.0)[seed % 3], (2, 3, 5)[seed // 3 % 3]
     bucket_cls = learner.module("limiter").TokenBucket
     steps = script(rate, burst)
-    got = learner.worker.build(WorkerObject("infracourse.kit.service_kit:probe_bucket",
-                                            (bucket_cls, rate, burst, steps)))
+    got = learner.build(service_kit.probe_bucket, bucket_cls, rate, burst, steps)
     what = f"TokenBucket(rate={rate:g}, burst={burst}, clock=FakeClock())"
     first = got[0]["admitted"]
     if first != burst:

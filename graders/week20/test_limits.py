@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import service_kit as sk
 
 P99_FACTOR, P99_SLACK_S = 3.0, 0.5   # loaded P99 <= max(3 x baseline, baseline + 0.5 s): a loaded CI machine's margin

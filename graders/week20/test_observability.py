@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import service_kit as sk
 
 COUNTER, HIST = "service_requests_total", "service_request_duration_seconds"

@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import LOAD_DELAY_S, expect_tokens
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("readiness")

@@ -32,8 +32,7 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grading.serving import Phase, Server, course_services, kill_and_clock, run_phase, serve
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import batching
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import compute_metrics, request_matrix
@@ -56,10 +55,10 @@ class Graded:
     device: str
     journal: Path
     v2_fault: dict
-    phases: dict[str, Phase]
+    phases: dict[str, serving.Phase]
 
 
-def teach(server: Server, what: str) -> str:
+def teach(server: serving.Server, what: str) -> str:
     log = server.log_tail(20000)
     todo = list(dict.fromkeys(x.strip() for x in log.splitlines() if x.startswith("NotImplementedError")))
     if todo:
@@ -69,9 +68,9 @@ def teach(server: Server, what: str) -> str:
     return f"{what}. Your gateway's log ends with: {errors[-1]}" if errors else what
 
 
-def services(server: Server) -> list[dict]:
+def services(server: serving.Server) -> list[dict]:
     """The course service processes in the gateway's tree (grading.serving.course_services)."""
-    return course_services(server, "platform_service", ps.VERSION_ENV)
+    return serving.course_services(server, "platform_service", ps.VERSION_ENV)
 
 
 def journal_events(path: Path) -> list[dict]:
@@ -124,7 +123,7 @@ def check_outputs(model, specs, records, what: str) -> None:
 
 # --- the phases --------------------------------------------------------------------------------------------------
 
-def phase_recovery(server: Server, seed: int, journal: Path) -> dict:
+def phase_recovery(server: serving.Server, seed: int, journal: Path) -> dict:
     specs = request_matrix([8], [12], RECOVERY_REQUESTS, vocab_size=128, seed=seed + 11)
     for i, spec in enumerate(specs):  # half of them meet the drop fault (its seeded share of keys)
         spec.prompt_ids[0] = ps.DROP_MARK if i % 2 == 0 else spec.prompt_ids[0] % ps.DROP_MARK
@@ -135,7 +134,7 @@ def phase_recovery(server: Server, seed: int, journal: Path) -> dict:
                              "as a child process and pass the environment through")
     victim = before[0]
     kill: dict = {}
-    thread = threading.Thread(target=kill_and_clock, args=(server, victim), daemon=True,
+    thread = threading.Thread(target=serving.kill_and_clock, args=(server, victim), daemon=True,
                               kwargs={"after_s": KILL_AT_S, "window_s": RESTART_WINDOW_S, "out": kill})
     thread.start()
     records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0)
@@ -162,7 +161,7 @@ def read_capacity(learner) -> float:
     return float(rate)
 
 
-def capacity_run(server: Server, rate: float, seed: int) -> dict:
+def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:
     n = max(20, round(rate * CAPACITY_SECONDS))
     specs = ps.capacity_specs(n, seed=seed)
     records, duration = server.load(specs, rate=rate, burstiness=ps.CAPACITY_BURSTINESS, seed=seed, timeout_s=90.0)
@@ -171,13 +170,13 @@ def capacity_run(server: Server, rate: float, seed: int) -> dict:
     return {"rate": rate, "n": n, "metrics": m, "good_fraction": good / n, "records": records, "specs": specs}
 
 
-def phase_capacity(server: Server, seed: int, claimed: float) -> dict:
+def phase_capacity(server: serving.Server, seed: int, claimed: float) -> dict:
     below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
     above = capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)
     return {"claimed": claimed, "below": below, "above": above}
 
 
-def phase_deploy(server: Server, seed: int) -> dict:
+def phase_deploy(server: serving.Server, seed: int) -> dict:
     specs = request_matrix([8], [12], DEPLOY_REQUESTS, vocab_size=128, seed=seed + 31)
     for spec in specs:
         spec.prompt_ids[0] %= ps.DROP_MARK
@@ -227,7 +226,7 @@ def short_scratch(tmp_path_factory, name: str) -> Path:
     return scratch
 
 
-_run = functools.partial(run_phase, teach=teach, who="gateway")  # one phase of the grade, into phases
+_run = functools.partial(serving.run_phase, teach=teach, who="gateway")  # one phase of the grade, into phases
 
 
 @pytest.fixture(scope="session")
@@ -238,14 +237,15 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
     v2_fault = V2_FAULTS[s % len(V2_FAULTS)]
     platform = {"journal": str(journal), "seed": s, "faults": {"drop_rate": DROP_RATE}, "versions": {"v2": v2_fault}}
     env = {**ps.platform_config(device).to_env(), ps.PLATFORM_ENV: json.dumps(platform)}
-    phases: dict[str, Phase] = {}
+    phases: dict[str, serving.Phase] = {}
     try:
-        with serve(learner.root, "gateway:app", scratch=scratch, env=env, ready_timeout_s=90, device=device) as server:
+        with serving.serve(learner.root, "gateway:app", scratch=scratch, env=env, ready_timeout_s=90,
+                           device=device) as server:
             _run(phases, "recovery", server, phase_recovery, s, journal)
             try:
                 claimed = read_capacity(learner)
             except LabCheckFailed as exc:
-                phases["capacity"] = Phase(failure=str(exc))
+                phases["capacity"] = serving.Phase(failure=str(exc))
             else:
                 _run(phases, "capacity", server, phase_capacity, s, claimed)
             _run(phases, "classes", server, phase_classes, s)
@@ -257,7 +257,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
             message = (f"your gateway did not start: it raised {'; '.join(todo[-3:])}: not written yet (see the "
                        "handout)")
         for name in ("recovery", "capacity", "classes", "deploy"):
-            phases.setdefault(name, Phase(failure=message))
+            phases.setdefault(name, serving.Phase(failure=message))
     return Graded(s, device, journal, v2_fault, phases)
 
 
@@ -284,7 +284,7 @@ class Scenario:
     failure: str | None = None
 
 
-def _scrape(server: Server, out: list, stop: threading.Event) -> None:
+def _scrape(server: serving.Server, out: list, stop: threading.Event) -> None:
     while not stop.is_set():
         t = time.time()
         try:
@@ -308,7 +308,7 @@ def _quiet(fn) -> None:
         pass
 
 
-def run_scenario(server: Server, sc: Scenario, seed: int, onset_s: float, flag: Path) -> None:
+def run_scenario(server: serving.Server, sc: Scenario, seed: int, onset_s: float, flag: Path) -> None:
     stop = threading.Event()
     scraper = threading.Thread(target=_scrape, args=(server, sc.metrics, stop), daemon=True)
     scraper.start()
@@ -344,7 +344,6 @@ def run_scenario(server: Server, sc: Scenario, seed: int, onset_s: float, flag: 
 def scenarios(device, seed, tmp_path_factory) -> list[Scenario]:
     """The three faults, each on its own course service (started together, run one after the other), in the
     seed's order; onsets 1.5-2.4 s into a steady 4 requests/s (evenly spaced)."""
-    from infracourse.grading import serving
 
     s = seed % 10_000
     order = list(DIAG_FAULTS)
@@ -377,7 +376,7 @@ def scenarios(device, seed, tmp_path_factory) -> list[Scenario]:
 FLOOD_A, CLASS_B_REQUESTS, CLASS_B_RATE, CLASS_B_AFTER_S = 60, 12, 3.0, 0.5
 
 
-def phase_classes(server: Server, seed: int) -> dict:
+def phase_classes(server: serving.Server, seed: int) -> dict:
     flood = request_matrix([8], [12], FLOOD_A, vocab_size=128, seed=seed + 41)
     steady = request_matrix([8], [12], CLASS_B_REQUESTS, vocab_size=128, seed=seed + 42)
     for spec in flood + steady:

@@ -3,7 +3,7 @@ shared machine) and breaks it at 1.15x: the claim is within about 15 % of the re
 import pytest
 
 from conftest import CAPACITY_ABOVE, CAPACITY_BELOW, check_outputs
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost
 

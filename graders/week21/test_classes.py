@@ -3,7 +3,7 @@ clock: class B's P99 time to first token, its requests sent while 60 of class A 
 import pytest
 
 from conftest import CLASS_B_REQUESTS, FLOOD_A, check_outputs
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("class-isolation")

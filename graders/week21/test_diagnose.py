@@ -4,7 +4,7 @@ says when it began, from the service's own logs and the judge's scrapes of its m
 import pytest
 
 from conftest import DIAG_FAULTS, DIAG_TOLERANCE_S
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed
 
 
 @pytest.mark.check("diagnose-faults")

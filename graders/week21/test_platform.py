@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 import infracourse
+from infracourse.grader import LabCheckFailed
 
-from infracourse.guard import LabCheckFailed
 
 
 @pytest.mark.check("image-build")

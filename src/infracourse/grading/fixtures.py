@@ -17,12 +17,28 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
+from infracourse.grading.protocol import WorkerObject
 from infracourse.grading.results import Figure, FigureError, figures_of
 
 CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at collection
+
+# the engine's own code a worker may build objects from (the worker refuses any other target)
+WORKER_BUILDERS = ("infracourse.kit.", "infracourse.grading.inputs")
+
+
+def in_worker(target: Callable[..., Any], *args: Any, **kwargs: Any) -> WorkerObject:
+    """A course object to build inside the worker, `target(*args, **kwargs)` there: `target` is a function or class
+    of infracourse.kit (or a grading input generator), named by the object itself, never by a string. Learner
+    objects among the arguments go as themselves; specs among them are built first. Pass the result to
+    `learner.build`'s worker, or where a spec is asked for (timed's inputs, a probe's arguments)."""
+    module, name = getattr(target, "__module__", None) or "", getattr(target, "__qualname__", "")
+    if not module.startswith(WORKER_BUILDERS) or not name or "<" in name:
+        raise TypeError(f"in_worker builds course objects of infracourse.kit (or grading inputs), not {target!r}")
+    return WorkerObject(f"{module}:{name}", tuple(args), dict(kwargs))
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,6 +71,11 @@ class Learner:
 
     def module(self, name: str):
         return self.worker.module(name)
+
+    def build(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`target(*args, **kwargs)` built inside the worker (see `in_worker`): its value when plain data, else a
+        proxy of the object."""
+        return self.worker.build(in_worker(target, *args, **kwargs))
 
     def path(self, name: str) -> Path:
         """A file of the snapshot. Symbolic links are refused: the snapshot holds the learner's own files only."""

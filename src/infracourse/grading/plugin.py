@@ -23,17 +23,26 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
+from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.grading.fixtures import CHECK_KEY
 from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure
-from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "
+
+
+def blocked(why: str) -> NoReturn:
+    """End this check as `blocked`: this machine cannot run it (no GPU, no compiler), which is no failure of the
+    learner's. `why` says what is missing and how to get it."""
+    pytest.skip(BLOCKED_PREFIX + why)
+
+
 # Errors after which the CUDA context is unusable: the runner restarts a fresh process for the rest.
 FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure")
 

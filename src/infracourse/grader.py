@@ -1,0 +1,71 @@
+"""The front door for grader authors: everything a grader in graders/ imports from the engine comes from here.
+
+    from infracourse.grader import LabCheckFailed, assert_close, in_worker, run_watched, timed
+
+The fixtures (`learner`, `record`, `device`, `ceilings`, `seed`, `lab_check`) come from the grading plugin;
+this module holds what a grader calls. By job:
+
+- words: `LabCheckFailed` (a check failed; the message teaches), `WrongOutput` (a timed call computed the wrong
+  thing: not retried, no busy-machine note), `blocked("why")` (this machine cannot run the check: not a failure)
+- learner calls: objects of the `learner` fixture are proxies; calling one runs the learner's code in the
+  sandboxed worker and raises `LearnerRaised` / `LearnerHung` for what it did. `in_worker(kit.fn, *args)` names a
+  course object to build inside the worker (a `WorkerObject`; `learner.build(kit.fn, *args)` builds it), `run_watched` judges a
+  kernel call from what the worker observed (`CallRecord`), `require_*` are the judge's other verdicts
+- inputs: `tensors`, `scaled`, `tokens`, `gpt_batches` (specs both sides build alike), `build_inputs`,
+  `fenced`, `dtype_name`
+- comparison: `assert_close`, `assert_grad_close`, `relative_error`, `wrong_blocks`, `tolerance`
+- timing: `timed` (a learner call, clocked by the judge), `reference_time` (a library op, here),
+  `require_fraction`, `require_speedup`, `require_possible`
+- figures: `read_figures` (a report's figures block), `check_formula`, `check_measured`
+- processes: `run_script`, `run_ranks` / `start_ranks` / `collect` / `rank_processes` / `RanksRun` (a torchrun
+  world), `serving` (a learner's server), `output` (bounded capture of a process's output)
+
+docs/authoring.md walks through a grader written against it; tests/test_grader_imports.py keeps graders to it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from infracourse.compare import assert_close, assert_grad_close, relative_error, tolerance, wrong_blocks
+from infracourse.failures import LabCheckFailed, WrongOutput
+from infracourse.grading import output, serving
+from infracourse.grading.confined import run_script
+from infracourse.grading.estimate import check_formula, check_measured
+from infracourse.grading.fixtures import in_worker
+from infracourse.grading.inputs import build as build_inputs
+from infracourse.grading.inputs import dtype_name, gpt_batches, scaled, tensors, tokens
+from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
+from infracourse.grading.plugin import blocked
+from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.provenance import require_clean_sources, require_own_kernel
+from infracourse.grading.remote import LearnerHung, LearnerRaised
+from infracourse.grading.report_check import read_figures
+from infracourse.grading.torchrun import RanksRun, collect, rank_processes, run_ranks, start_ranks
+from infracourse.grading.verdicts import (explain_nan, fenced, interpreter_note, require_data_flow,
+                                          require_plain_tensor, require_possible, run_watched)
+from infracourse.observe import CallRecord
+
+def server_environment(scratch, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment `serving.serve` starts a learner's server with, for a grader that starts the learner's own
+    deploy command instead (week 20)."""
+    return serving._environment(scratch, device, extra)
+
+
+__all__ = [
+    # words
+    "LabCheckFailed", "WrongOutput", "blocked",
+    # learner calls
+    "LearnerRaised", "LearnerHung", "in_worker", "WorkerObject", "CallRecord", "run_watched", "explain_nan",
+    "require_plain_tensor", "require_data_flow", "require_own_kernel", "require_clean_sources", "interpreter_note",
+    # inputs
+    "tensors", "scaled", "tokens", "gpt_batches", "build_inputs", "fenced", "dtype_name",
+    # comparison
+    "assert_close", "assert_grad_close", "relative_error", "wrong_blocks", "tolerance",
+    # timing
+    "timed", "reference_time", "require_fraction", "require_speedup", "require_possible",
+    # figures
+    "read_figures", "check_formula", "check_measured",
+    # processes
+    "run_script", "run_ranks", "start_ranks", "collect", "rank_processes", "RanksRun", "serving", "output",
+    "server_environment",
+]
