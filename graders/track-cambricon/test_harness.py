@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import BATCH, model_of, read_raw
+from track_cambricon_judging import BATCH, model_of, read_raw
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import KINDS, MODES, Perturbation, device_run, layer_metrics, reference_run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BATCH
+from track_cambricon_judging import BATCH
 from infracourse.grader import CallRecord, LabCheckFailed, check_formula, check_measured
 from infracourse.kit.porting import CONFIG, measured_bytes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BATCH, OTHER, model_of, read_raw
+from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import cpu_kernel_key, dispatch_keys, has_kernel, python_callable, resolve_op, traced_ops
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import BATCH, OTHER, model_of, read_raw
+from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
 from infracourse.grader import LabCheckFailed, assert_close
 from infracourse.kit.porting import reference_run
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SMALL_WORLD, _placement, combined_once, compare_outputs, pairs_once, require_all_to_all, skewed_load
+from track_model_vendor_judging import SMALL_WORLD, learner_placement, combined_once, compare_outputs, pairs_once, require_all_to_all, skewed_load
 from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import moe as kit
 
@@ -57,7 +57,7 @@ def _rank_loads(per_rank: list[dict]) -> list[int]:
 def test_eplb_rebalance(ep, learner, seed, record):
     # the placement for the grade's own skewed routing, judged by the EPLB model (even split over replicas)
     load = skewed_load(seed, ep.world)
-    placement, error = _placement(learner, load, ep.world)
+    placement, error = learner_placement(learner, load, ep.world)
     if placement is None:
         raise LabCheckFailed(f"{error} (skewed routing seed {seed}, per-expert load {load})")
     per = kit.EXPERTS // ep.world

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import combined_once, compare_outputs, launch, pairs_once, require_all_to_all
+from track_model_vendor_judging import combined_once, compare_outputs, launch, pairs_once, require_all_to_all
 from infracourse.grader import LabCheckFailed
 
 

@@ -3,7 +3,7 @@ code, here): the norm's share of the step, the step's kernel launches and copies
 (raw/baseline.json) must have measured the same thing."""
 import pytest
 
-from conftest import number, read_raw
+from track_nvidia_judging import number, read_raw
 from infracourse.grader import LabCheckFailed
 
 

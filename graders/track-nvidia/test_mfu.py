@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from conftest import judge_seconds
+from track_nvidia_judging import judge_seconds
 from infracourse.grader import build_inputs, check_formula, check_measured, tokens
 from infracourse.kit import hotspot
 from infracourse.kit.gpt import GPT, GPTConfig

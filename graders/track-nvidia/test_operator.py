@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from conftest import EPS, float64_norm, operator_race
-from infracourse.grader import (assert_close, assert_grad_close, dtype_name as _name, require_own_kernel,
+from track_nvidia_judging import EPS, float64_norm, operator_race
+from infracourse.grader import (assert_close, assert_grad_close, dtype_name, require_own_kernel,
                                 require_plain_tensor, require_speedup)
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -39,7 +39,7 @@ def _check(norm, x, weight, dy, eps, what):
 def test_operator_correct(norm, device, seed):
     for dtype in DTYPES:
         for shape in SHAPES:
-            _check(norm, *_inputs(shape, dtype, device), EPS, f"x {shape} {_name(dtype)} (seed {seed})")
+            _check(norm, *_inputs(shape, dtype, device), EPS, f"x {shape} {dtype_name(dtype)} (seed {seed})")
     # rows far smaller than sqrt(eps): there eps decides the scale, so it must sit inside the square root
     x, weight, dy = _inputs((6, 48), torch.float32, device, scale=0.01)
     _check(norm, x, weight, dy, 1e-2, f"x (6, 48) fp32 of rms 0.01 with eps=1e-2 (seed {seed}): y = x / sqrt(mean(x^2) "
@@ -53,7 +53,7 @@ def test_operator_speedup_gpu(norm, learner, size, device, lab_check, record, se
     # arithmetic is an honest project choice, tests/fixtures/track-nvidia-honest)
     require_own_kernel(norm.rms_norm)
     mine, unfused = operator_race(norm, learner, rows, cols, size.dtype, device, seed)
-    label = f"rms_norm forward + backward {rows}x{cols} {_name(size.dtype)}"
+    label = f"rms_norm forward + backward {rows}x{cols} {dtype_name(size.dtype)}"
     require_speedup(mine, unfused, lab_check.threshold, reference="kit.gpt.RMSNorm (unfused)",
                     what=f"{label} against the course GPT's unfused norm", record=record,
                     name="operator speed-up at the model's shape (GPU)", label=label)

@@ -3,7 +3,7 @@
 runs the same workload against the course service itself."""
 import pytest
 
-from conftest import FIFO_BATCH, FIFO_INTERACTIVE, FIFO_RATE
+from track_platform_judging import FIFO_BATCH, FIFO_INTERACTIVE, FIFO_RATE
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.loadgen import compute_metrics, read_records
 

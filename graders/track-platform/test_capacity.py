@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from conftest import CAPACITY_ABOVE, CAPACITY_BELOW, CAPACITY_FLOOD_RATE, LIMITS
+from track_platform_judging import CAPACITY_ABOVE, CAPACITY_BELOW, CAPACITY_FLOOD_RATE, LIMITS
 from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost

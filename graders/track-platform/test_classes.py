@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import FLOOD_RATE, FLOOD_S, INTERACTIVE_N, INTERACTIVE_RATE, LIMITS, REFUSED
+from track_platform_judging import FLOOD_RATE, FLOOD_S, INTERACTIVE_N, INTERACTIVE_RATE, LIMITS, REFUSED
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.loadgen import compute_metrics
 

@@ -13,7 +13,7 @@ from infracourse.grader import LabCheckFailed
 from infracourse import bench
 from infracourse.kit.data import ImageSet, dataset_batches, to_device
 
-from conftest import BASELINE
+from week02_judging import BASELINE
 
 REQUIRED = ["read", "batch_size", "workers", "warmup", "steps", "samples_per_s", "step_ms", "data_ms",
             "transfer_ms", "compute_ms", "cpu_percent", "rss_mb", "disk_read_mb", "gpu_util"]

@@ -3,7 +3,7 @@ import random
 
 import pytest
 import torch
-from infracourse.grader import (LabCheckFailed, dtype_name as _name, explain_nan, fenced, interpreter_note,
+from infracourse.grader import (LabCheckFailed, dtype_name, explain_nan, fenced, interpreter_note,
                                 relative_error, require_plain_tensor, run_watched, wrong_blocks)
 
 
@@ -44,7 +44,7 @@ def check_product(mm, a, b, bound, what):
                 advice += (". tf32 tensor cores give 3e-4 to 1e-3: torch.backends.cuda.matmul.allow_tf32 is False, "
                            "so compute fp32 in full precision, tl.dot(..., input_precision='ieee')")
         raise LabCheckFailed(f"matmul for {what}: relative error {err:.2e} > {bound:.0e} allowed for "
-                             f"{_name(a.dtype)}; {advice}.{interpreter_note(a.dtype)}")
+                             f"{dtype_name(a.dtype)}; {advice}.{interpreter_note(a.dtype)}")
     return err
 
 
@@ -57,10 +57,10 @@ def test_correct(mm, device, seed, error_bound, record):
         for M, K, N in SHAPES + drawn:
             a = torch.randn(M, K, device=device).to(dtype)
             b = torch.randn(K, N, device=device).to(dtype)
-            err = check_product(mm, a, b, error_bound(dtype), f"({M}x{K}) @ ({K}x{N}) {_name(dtype)} (seed {seed})")
+            err = check_product(mm, a, b, error_bound(dtype), f"({M}x{K}) @ ({K}x{N}) {dtype_name(dtype)} (seed {seed})")
             worst[dtype] = max(worst.get(dtype, 0.0), err)
     for dtype, err in worst.items():
-        record(f"relative error {_name(dtype)}", err, target=error_bound(dtype))
+        record(f"relative error {dtype_name(dtype)}", err, target=error_bound(dtype))
 
 
 @pytest.mark.check("strided")
@@ -75,7 +75,7 @@ def test_strided(mm, device, seed, error_bound):
             "every other column": (base[:45, ::2][:, :70], base[:70, 1::2][:, :33]),
         }
         for what, (a, b) in cases.items():
-            check_product(mm, a, b, error_bound(dtype), f"{what}, {_name(dtype)} (seed {seed})")
+            check_product(mm, a, b, error_bound(dtype), f"{what}, {dtype_name(dtype)} (seed {seed})")
 
 
 @pytest.mark.check("accumulator")
@@ -86,10 +86,10 @@ def test_accumulator(mm, device, record, error_bound):
     for dtype in DTYPES:
         a = torch.rand(40, 4096, device=device).to(dtype)
         b = torch.rand(4096, 24, device=device).to(dtype)
-        err = product_error(mm, a, b, f"(40x4096) @ (4096x24) all-positive {_name(dtype)} inputs")
+        err = product_error(mm, a, b, f"(40x4096) @ (4096x24) all-positive {dtype_name(dtype)} inputs")
         if not err <= error_bound(dtype):
             raise LabCheckFailed(
-                f"matmul of (40x4096) @ (4096x24) all-positive {_name(dtype)} inputs: relative error {err:.2e} > "
+                f"matmul of (40x4096) @ (4096x24) all-positive {dtype_name(dtype)} inputs: relative error {err:.2e} > "
                 f"{error_bound(dtype):.0e}. The output's own rounding stays well inside that bound; this much "
                 "means the K partial sums are kept in fp16/bf16. Accumulate in "
                 "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) and round once, at the store.")
@@ -122,7 +122,7 @@ def test_correct_large(mm, seed, error_bound):
                            (8192, 72, 4100, torch.bfloat16), (1000, 1000, 1000, torch.float32)]:
         a = torch.randn(M, K, device="cuda").to(dtype)
         b = torch.randn(K, N, device="cuda").to(dtype)
-        check_product(mm, a, b, error_bound(dtype), f"({M}x{K}) @ ({K}x{N}) {_name(dtype)} (seed {seed})")
+        check_product(mm, a, b, error_bound(dtype), f"({M}x{K}) @ ({K}x{N}) {dtype_name(dtype)} (seed {seed})")
 
 
 @pytest.mark.check("fp32-precision")

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, dtype_name as _name, explain_nan,
+from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, dtype_name, explain_nan,
                                 fenced, in_worker, interpreter_note, relative_error, require_own_kernel,
                                 require_plain_tensor, run_watched)
 from infracourse.kit import probes
@@ -73,10 +73,10 @@ def test_forward_correct(rms, device, seed, reference):
     for dtype in DTYPES:
         for shape in SHAPES:
             x, weight = make_inputs(shape, dtype, device)
-            check_forward(rms, x, weight, reference, f"x {shape} {_name(dtype)} (seed {seed})")
+            check_forward(rms, x, weight, reference, f"x {shape} {dtype_name(dtype)} (seed {seed})")
             if dtype != torch.float32:  # mixed precision: fp32 weights, half activations; y keeps x's dtype
                 x, weight = make_inputs(shape, dtype, device, weight_dtype=torch.float32)
-                check_forward(rms, x, weight, reference, f"x {shape} {_name(dtype)} with an fp32 weight (seed {seed})")
+                check_forward(rms, x, weight, reference, f"x {shape} {dtype_name(dtype)} with an fp32 weight (seed {seed})")
 
 
 @pytest.mark.check("backward-correct")
@@ -85,17 +85,17 @@ def test_backward_correct(rms, device, seed, reference):
         for shape in SHAPES[1:]:  # hidden size 1 makes dx a cancellation of two equal terms: no fair test
             x, weight = make_inputs(shape, dtype, device)
             dy = torch.randn(shape, device=device).to(dtype)
-            check_backward(rms, x, weight, dy, reference, f"x {shape} {_name(dtype)} (seed {seed})")
+            check_backward(rms, x, weight, dy, reference, f"x {shape} {dtype_name(dtype)} (seed {seed})")
         # layouts autograd hands over in a real model: a sliced x and a transposed (non-contiguous) dy
         base = (torch.randn(9, 140, device=device) * SCALE).to(dtype)
         weight = (1 + 0.5 * torch.randn(129, device=device)).to(dtype)
         dy = torch.randn(129, 9, device=device).to(dtype).t()
         check_backward(rms, base[:, 5:134], weight, dy, reference,
-                       f"a sliced x (row stride 140, hidden 129) and a transposed dy, {_name(dtype)} (seed {seed})")
+                       f"a sliced x (row stride 140, hidden 129) and a transposed dy, {dtype_name(dtype)} (seed {seed})")
     for rows, cols, dtype in MANY_ROWS:
         x, weight = make_inputs((rows, cols), dtype, device)
         dy = torch.randn(rows, cols, device=device).to(dtype)
-        check_backward(rms, x, weight, dy, reference, f"x ({rows}, {cols}) {_name(dtype)}: dw sums all {rows} rows "
+        check_backward(rms, x, weight, dy, reference, f"x ({rows}, {cols}) {dtype_name(dtype)}: dw sums all {rows} rows "
                        f"(seed {seed})")
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, build_inputs, dtype_name as _name,
+from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, build_inputs, dtype_name,
                                 in_worker, reference_time, require_fraction, require_speedup, scaled, timed, tokens)
 from infracourse.kit import probes
 from infracourse.kit.gpt import GPTConfig, RMSNorm
@@ -27,7 +27,7 @@ BATCH = 8
 def _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed):
     """Time the learner's forward and F.rms_norm on fresh (rows, cols) inputs; returns both and the bytes moved."""
     # (x, weight = 1 + 0.5 randn, eps)
-    spec = scaled([[rows, cols], [cols]], scales=[1.0, 0.5], shifts=[0.0, 1.0], extra=[EPS], dtype=_name(dtype),
+    spec = scaled([[rows, cols], [cols]], scales=[1.0, 0.5], shifts=[0.0, 1.0], extra=[EPS], dtype=dtype_name(dtype),
                   seed=seed)
 
     def check(out, args):
@@ -35,7 +35,7 @@ def _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed):
 
     moved = (2 * rows * cols + cols) * dtype.itemsize  # read x and weight, write y
     yours = timed(rms.rms_norm, spec, check=check, bytes_moved=moved, ceilings=ceilings,
-                  label=f"rms_norm forward ({rows}, {cols}) {_name(dtype)}", require_kernel=True)
+                  label=f"rms_norm forward ({rows}, {cols}) {dtype_name(dtype)}", require_kernel=True)
     torch_time = reference_time(lambda x, w, eps: F.rms_norm(x, (cols,), w, eps), spec)
     return yours, torch_time, moved
 
@@ -43,7 +43,7 @@ def _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed):
 def _forward_figures(rows, cols, dtype, moved):
     """What the grade's plots need: the kernel, its traffic and work (x*x, the sum, x*rstd, *w: 4 flops an
     element)."""
-    return dict(label=f"rms_norm forward {rows}x{cols} {_name(dtype)}", bytes=moved, flops=4 * rows * cols)
+    return dict(label=f"rms_norm forward {rows}x{cols} {dtype_name(dtype)}", bytes=moved, flops=4 * rows * cols)
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +63,8 @@ def test_forward_bandwidth(rms, unfused, ceilings, record, lab_check, seed, forw
             name, value, **_forward_figures(rows, cols, dtype, moved), seconds=yours.seconds,
             reference_seconds=torch_time.seconds, reference="torch.nn.functional.rms_norm", **kw)
         require_fraction(moved / yours.seconds / 1e9, ceilings.copy_gbps, lab_check.threshold, unit="GB/s",
-                         what=f"rms_norm forward ({rows}, {cols}) {_name(dtype)}", record=figures,
-                         name=f"forward GB/s ({rows}, {cols}) {_name(dtype)}")
+                         what=f"rms_norm forward ({rows}, {cols}) {dtype_name(dtype)}", record=figures,
+                         name=f"forward GB/s ({rows}, {cols}) {dtype_name(dtype)}")
 
 
 @pytest.mark.check("forward-vs-torch")
@@ -74,8 +74,8 @@ def test_forward_vs_torch(rms, unfused, ceilings, record, lab_check, seed, forwa
         yours, torch_time, moved = race or _forward_race(rms, unfused, rows, cols, dtype, ceilings, seed)
         require_speedup(yours.seconds, torch_time.seconds, lab_check.threshold,
                         reference="torch.nn.functional.rms_norm",
-                        what=f"rms_norm forward ({rows}, {cols}) {_name(dtype)} against F.rms_norm", record=record,
-                        name=f"speed-up over F.rms_norm ({rows}, {cols}) {_name(dtype)}",
+                        what=f"rms_norm forward ({rows}, {cols}) {dtype_name(dtype)} against F.rms_norm", record=record,
+                        name=f"speed-up over F.rms_norm ({rows}, {cols}) {dtype_name(dtype)}",
                         **_forward_figures(rows, cols, dtype, moved))
 
 
@@ -84,7 +84,7 @@ def operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed):
     GPT's own unfused RMSNorm (here) at one activation shape."""
     # (x, weight = 1 + 0.5 randn, dy)
     spec = scaled([[rows, cols], [cols], [rows, cols]], scales=[1.0, 0.5, 1.0], shifts=[0.0, 1.0, 0.0],
-                  dtype=_name(dtype), seed=seed)
+                  dtype=dtype_name(dtype), seed=seed)
     yours = learner.build(probes.ForwardBackward, rms.rms_norm, EPS)
 
     def check(out, args):
@@ -95,8 +95,8 @@ def operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed):
         dx, dw = torch.autograd.grad(expected, (x, weight), dy)
         assert_close(out[0], expected, what="a timed forward output")
         # the gradients with the bound the CPU checks use: dw sums all of these rows
-        assert_grad_close(out[1], dx, what=f"a timed dx ({rows}, {cols}) {_name(dtype)}")
-        assert_grad_close(out[2], dw, what=f"a timed dw ({rows}, {cols}) {_name(dtype)}: the sum over all {rows} rows")
+        assert_grad_close(out[1], dx, what=f"a timed dx ({rows}, {cols}) {dtype_name(dtype)}")
+        assert_grad_close(out[2], dw, what=f"a timed dw ({rows}, {cols}) {dtype_name(dtype)}: the sum over all {rows} rows")
 
     kit_norm = RMSNorm(cols, eps=EPS).to("cuda", dtype)  # the model's default: upcast, five ops, downcast
 
@@ -109,7 +109,7 @@ def operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed):
     # every timed call must run the learner's kernels on its inputs, the backward's too (guard counts the kernels
     # autograd launches from its own thread)
     mine = timed(yours, spec, check=check, bytes_moved=moved, ceilings=ceilings,
-                 label=f"rms_norm forward + backward ({rows}, {cols}) {_name(dtype)}", require_kernel=True)
+                 label=f"rms_norm forward + backward ({rows}, {cols}) {dtype_name(dtype)}", require_kernel=True)
     eager = reference_time(theirs, spec)
     return mine, eager, moved
 
@@ -120,7 +120,7 @@ def test_operator_speedup(rms, learner, unfused, ceilings, record, lab_check, se
     # check measures the same ratio again at the model's own (smaller) activations.
     rows, cols, dtype = FORWARD_SHAPES[0]
     mine, eager, moved = operator_times(rms, learner, unfused, rows, cols, dtype, ceilings, seed)
-    label = f"rms_norm forward + backward {rows}x{cols} {_name(dtype)}"
+    label = f"rms_norm forward + backward {rows}x{cols} {dtype_name(dtype)}"
     require_speedup(mine.seconds, eager.seconds, lab_check.threshold, reference="kit.gpt.RMSNorm (unfused)",
                     what=f"{label} against the GPT's unfused RMSNorm", record=record,
                     name="operator speed-up (forward + backward)", label=label, bytes=moved,

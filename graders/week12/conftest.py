@@ -5,90 +5,24 @@ steps). What comes back is evidence: checks compare it with kit.ddp_reference's 
 here, and with this judge's own clock around each launch."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-import torch
 
-from infracourse.grader import LabCheckFailed, RanksRun, run_ranks
 from infracourse.kit import ddp_reference as ref
-
-KIT = "infracourse.kit.ddp_reference"
-STEPS, PER_RANK, SAMPLES = 6, 4, 72          # the equivalence runs: global batch 24, 3 steps an epoch, 2 epochs
-GLOBAL_BATCH = 24
-TINY_BUCKET_MB = 0.01                        # ~10 KB buckets: the MLP's gradients split into several
-TIMED_STEPS, TIMED_SAMPLES = 80, 40960       # the scaling runs: per-rank 256 (weak) and global 512 (strong)
-WEAK_PER_RANK, STRONG_GLOBAL = 256, 512
-
-
-@dataclass
-class World:
-    size: int
-    run: RanksRun
-    experiments: dict[str, dict]  # name -> its config
-    checkpoint_dir: Path
-
-    def results(self, name: str) -> list[dict]:
-        """Per rank, what run_experiments saw for the named experiment."""
-        failure = self.run.failure()
-        if failure:
-            raise LabCheckFailed(f"the world of {self.size} rank(s) failed, so this cannot be checked: "
-                                 f"{_teach(failure)}")
-        index = list(self.experiments).index(name)
-        return [out[index] for out in self.run.outputs]
-
-    def describe(self, name: str) -> str:
-        c = self.experiments[name]
-        return (f"world {self.size}, per_rank_batch {c['per_rank_batch']}, accumulation {c['accumulation']}, "
-                f"bucket_cap_mb {c.get('bucket_cap_mb', 25.0)}, samples {c['samples']}, seed {c['seed']}")
-
-
-def _teach(failure: str) -> str:
-    if "NotImplementedError" in failure:
-        return "train() is not written yet (it raised NotImplementedError): write train_ddp.train as the handout says"
-    return failure[-1800:]
-
-
-def _launch(learner, scratch: Path, size: int, experiments: dict[str, dict], device: str) -> World:
-    checkpoint_dir = scratch / "checkpoint"
-    checkpoint_dir.mkdir(parents=True)
-    for config in experiments.values():
-        if config.pop("checkpoint", False):
-            config["checkpoint_dir"] = str(checkpoint_dir)
-    run = run_ranks(KIT, "run_experiments", learner_dir=learner.root, world_size=size,
-                    kwargs={"experiments": list(experiments.values())}, device=device, probe=KIT,
-                    timeout_s=120, scratch=scratch)
-    return World(size, run, experiments, checkpoint_dir)
-
-
-def _main(accumulation: int, seed: int, **extra) -> dict:
-    return dict(steps=STEPS, per_rank_batch=PER_RANK, accumulation=accumulation, samples=SAMPLES, seed=seed, **extra)
-
-
-def _timed(per_rank: int, seed: int) -> dict:
-    return dict(steps=TIMED_STEPS, per_rank_batch=per_rank, accumulation=1, samples=TIMED_SAMPLES, seed=seed)
-
-
-@dataclass
-class Launches:
-    seed: int
-    peak_flops: float  # this machine's calibrated one-thread fp32 matmul rate, measured by the judge
-    one: World
-    two: World
+from week12_judging import (GLOBAL_BATCH, PER_RANK, SAMPLES, STEPS, STRONG_GLOBAL, TINY_BUCKET_MB, WEAK_PER_RANK,
+                            Launches, launch_world, main_experiment, timed_experiment)
 
 
 @pytest.fixture(scope="session")
 def launches(learner, seed, tmp_path_factory) -> Launches:
     s = seed % 10_000
     peak = ref.calibrate_peak_flops()  # before the ranks start: nothing else of this grade competes for a core
-    one = _launch(learner, tmp_path_factory.mktemp("world1"), 1, {
-        "main": _main(GLOBAL_BATCH // PER_RANK, s),
-        "weak": _timed(WEAK_PER_RANK, s), "strong": _timed(STRONG_GLOBAL, s)}, "cpu")
-    two = _launch(learner, tmp_path_factory.mktemp("world2"), 2, {
-        "main": _main(GLOBAL_BATCH // (2 * PER_RANK), s, checkpoint=True),
-        "buckets": _main(GLOBAL_BATCH // (2 * PER_RANK), s, bucket_cap_mb=TINY_BUCKET_MB),
-        "timed": _timed(WEAK_PER_RANK, s)}, "cpu")
+    one = launch_world(learner, tmp_path_factory.mktemp("world1"), 1, {
+        "main": main_experiment(GLOBAL_BATCH // PER_RANK, s),
+        "weak": timed_experiment(WEAK_PER_RANK, s), "strong": timed_experiment(STRONG_GLOBAL, s)}, "cpu")
+    two = launch_world(learner, tmp_path_factory.mktemp("world2"), 2, {
+        "main": main_experiment(GLOBAL_BATCH // (2 * PER_RANK), s, checkpoint=True),
+        "buckets": main_experiment(GLOBAL_BATCH // (2 * PER_RANK), s, bucket_cap_mb=TINY_BUCKET_MB),
+        "timed": timed_experiment(WEAK_PER_RANK, s)}, "cpu")
     return Launches(s, peak, one, two)
 
 
@@ -96,36 +30,3 @@ def launches(learner, seed, tmp_path_factory) -> Launches:
 def reference(launches) -> tuple[dict, list[float]]:
     """The course's single-process run with the global batch (kit code, never the learner's)."""
     return ref.reference_train(STEPS, GLOBAL_BATCH, SAMPLES, launches.seed)
-
-
-def step_gaps(result: dict) -> list[float]:
-    """The course's clock of one rank's run: the times between the ends of consecutive optimiser steps."""
-    ends = result["step_ends"]
-    if len(ends) < 3:
-        raise LabCheckFailed(f"the course saw {len(ends)} optimiser steps in a timed run of {TIMED_STEPS}: use "
-                             "the kit's make_optimizer and call its step() once per optimiser step")
-    return sorted(b - a for a, b in zip(ends, ends[1:]))
-
-
-def course_step_s(result: dict) -> float:
-    """The fastest step of the run: on a shared machine other processes only ever add time to a step, so the
-    least disturbed one is what this configuration costs (and it is what agrees from one grade to the next)."""
-    return step_gaps(result)[0]
-
-
-ATOL, RTOL = 1e-5, 1e-4  # float32: the pieces of a global batch are summed in another order
-
-
-def params_difference(params, expected: dict) -> str | None:
-    """Where the learner's final weights differ from `expected`, or None."""
-    if not isinstance(params, dict) or set(params) != set(expected):
-        got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        return f"'params' must be the unwrapped model's state_dict (keys {sorted(expected)}), got {got}"
-    for name, want in expected.items():
-        got = params[name]
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            return f"params[{name!r}] is not a tensor of shape {tuple(want.shape)}"
-        if not torch.allclose(got.float().cpu(), want, atol=ATOL, rtol=RTOL):
-            return (f"params[{name!r}] differs by up to {(got.float().cpu() - want).abs().max().item():.3g} "
-                    f"(allowed {ATOL:g} + {RTOL:g} relative)")
-    return None

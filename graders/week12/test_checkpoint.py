@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import params_difference
+from week12_judging import params_difference
 from infracourse.grader import LabCheckFailed
 
 NAME = "checkpoint.pt"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import STEPS
+from week12_judging import STEPS
 from infracourse.grader import LabCheckFailed
 
 

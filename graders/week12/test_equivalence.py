@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import GLOBAL_BATCH, STEPS, params_difference
+from week12_judging import GLOBAL_BATCH, STEPS, params_difference
 from infracourse.grader import LabCheckFailed
 
 def _check_world(world, reference) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import GLOBAL_BATCH, SAMPLES, STEPS
+from week12_judging import GLOBAL_BATCH, SAMPLES, STEPS
 from infracourse.grader import LabCheckFailed
 
 EPOCHS = STEPS // (SAMPLES // GLOBAL_BATCH)

@@ -16,7 +16,7 @@ from statistics import median
 
 import pytest
 
-from conftest import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS,
+from week12_judging import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS,
                       course_step_s, params_difference, step_gaps)
 from infracourse.grader import LabCheckFailed, run_ranks
 from infracourse.kit import ddp_reference as ref

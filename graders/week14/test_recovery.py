@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import STEPS
+from week14_judging import STEPS
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
 

@@ -1,29 +1,9 @@
 """Shared pieces of the week 15 graders: the kit's GPT built in the worker (the learner's code runs it there)
 and the same model here for the references, and one validated call of the learner's generate."""
-import dataclasses
-import random
-
 import pytest
-import torch
 
-from infracourse.grader import LabCheckFailed, in_worker
-from infracourse.kit import gpt
 from infracourse.kit import intra_op
-from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.threads import intra_op_threads
-
-# The timed workload (fixed, so the report's figures can be compared with this grade's measurement).
-TIMING_CFG = GPTConfig(vocab_size=256, seq_len=400, d_model=128, n_head=8, n_kv_head=2, n_layer=4)
-TIMING_PROMPT, TIMING_NEW = 384, 16
-
-
-def seeded_config(seed: int) -> GPTConfig:
-    """A small configuration drawn from the grade's seed, with grouped KV heads most of the time."""
-    r = random.Random(seed)
-    n_head = r.choice((2, 4, 6, 8))
-    kv = r.choice([d for d in range(1, n_head + 1) if n_head % d == 0 and d < n_head] or [n_head])
-    return GPTConfig(vocab_size=256, seq_len=64, d_model=n_head * r.choice((8, 16)), n_head=n_head, n_kv_head=kv,
-                     n_layer=r.randint(1, 3), mlp_ratio=r.choice((2, 4)))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,38 +17,3 @@ def one_intra_op_thread(learner):
 @pytest.fixture(scope="module")
 def kv(learner):
     return learner.module("kv_cache")
-
-
-def models(learner, cfg: GPTConfig, seed: int, dtype: torch.dtype = torch.float32):
-    """(the judge's model, the same model built in the worker), weights from `seed`."""
-    local = GPT(cfg, seed=seed).to(dtype)
-    config = in_worker(GPTConfig, **dataclasses.asdict(cfg))
-    remote = learner.build(gpt.GPT, config, seed=seed)
-    if dtype != torch.float32:
-        remote = remote.to(dtype)
-    return local, remote
-
-
-def call_generate(kv, model, prompt: list[int], n: int, what: str):
-    """generate(model, prompt, n) -> (tokens, logits, cache), its shape checked; the cache stays in the worker."""
-    out = kv.generate(model, prompt, n)
-    if not isinstance(out, tuple) or len(out) != 3:
-        raise LabCheckFailed(f"{what}: generate must return (tokens, logits, cache), got {type(out).__name__}")
-    tokens, logits, cache = out
-    if not isinstance(tokens, list) or len(tokens) != n or not all(type(t) is int for t in tokens):
-        raise LabCheckFailed(f"{what}: tokens must be a list of {n} ints, got {tokens!r:.200}")
-    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (n, 256):
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise LabCheckFailed(f"{what}: logits must be a ({n}, vocab 256) tensor, one row per new token, got {shape}")
-    return tokens, logits, cache
-
-
-def follows_greedy(local, prompt: list[int], tokens: list[int]) -> bool:
-    """Whether `tokens` are the greedy continuation of `prompt`: one teacher-forced forward pass of the kit model
-    over prompt + tokens, each token the argmax at the position before it (what greedy generation computes)."""
-    if not isinstance(tokens, list) or not tokens or not all(type(t) is int for t in tokens):
-        return False
-    ids = torch.tensor([prompt + tokens[:-1]])
-    with torch.no_grad():
-        best = local(ids)[0, len(prompt) - 1:].float().argmax(-1).tolist()
-    return best == tokens

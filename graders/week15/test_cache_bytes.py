@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from conftest import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, models, seeded_config
+from week15_judging import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, models, seeded_config
 from infracourse.grader import LabCheckFailed, in_worker
 from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.generate import seeded_prompts

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from conftest import call_generate, models, seeded_config
+from week15_judging import call_generate, models, seeded_config
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.generate import greedy_generate, seeded_prompts
 

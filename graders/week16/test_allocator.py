@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conftest import JudgeAllocator, attempt, checked_state
+from week16_judging import JudgeAllocator, attempt, checked_state
 from infracourse.grader import LabCheckFailed
 
 OPS = 120

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import JudgeAllocator, attempt, checked_state
+from week16_judging import JudgeAllocator, attempt, checked_state
 from test_allocator import random_run
 from infracourse.grader import LabCheckFailed
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
+from week17_judging import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
 from infracourse.grader import LabCheckFailed
 
 

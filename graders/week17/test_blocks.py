@@ -2,7 +2,7 @@
 mid-stream is aborted at once (its blocks free long before its generation could have ended)."""
 import pytest
 
-from conftest import check_outputs
+from week17_judging import check_outputs
 from infracourse.grader import LabCheckFailed
 
 

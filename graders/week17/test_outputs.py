@@ -3,7 +3,7 @@ greedy generation (kit.generate, one request at a time) produces; the judge's me
 for the report."""
 import pytest
 
-from conftest import check_outputs, tokens_of
+from week17_judging import check_outputs, tokens_of
 from infracourse.kit import batching
 from infracourse.kit.loadgen import serving_cost
 

@@ -2,7 +2,7 @@
 a real run of the load point, and every figure of the report recomputes from them."""
 import pytest
 
-from conftest import PERCENTILES, check_outputs
+from week17_judging import PERCENTILES, check_outputs
 from infracourse.grader import LabCheckFailed, read_figures
 from infracourse.kit import batching
 from infracourse.kit.loadgen import compute_metrics, read_records, serving_cost

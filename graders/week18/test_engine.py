@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import remote_gpt, require
+from week18_judging import remote_gpt, require
 from infracourse.kit import block_pool
 from infracourse.kit.gpt import GPTConfig
 

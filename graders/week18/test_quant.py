@@ -13,7 +13,7 @@ quant-quality  the quantised model's logits on the fixed eval tokens equal the c
 import pytest
 import torch
 
-from conftest import require
+from week18_judging import require
 from infracourse.kit import quant_eval
 from infracourse.kit.speculative import target_model
 

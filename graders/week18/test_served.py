@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import require
+from week18_judging import require
 from infracourse.grader import serving
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.loadgen import RequestSpec

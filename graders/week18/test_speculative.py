@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from conftest import require
+from week18_judging import require
 from infracourse.kit.generate import seeded_prompts
 from infracourse.kit.speculative import CountedModel, batched_greedy, draft_model, replay, target_model
 

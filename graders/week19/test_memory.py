@@ -10,7 +10,7 @@ not holding data; RLIMIT_DATA counts private writable memory (the heap and anony
 shard bytes and batches live; Linux 4.7+), and MALLOC_ARENA_MAX=2 keeps the reservations few."""
 import pytest
 
-from conftest import Built, check_manifest
+from week19_judging import Built, check_manifest
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH, STREAM
 

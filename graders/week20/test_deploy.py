@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FILES, JUDGE_CFG, expect_tokens, teach_from_log
+from week20_judging import FILES, JUDGE_CFG, expect_tokens, teach_from_log
 from infracourse.grader import LabCheckFailed, output, server_environment, serving
 from infracourse import sandbox
 from infracourse.kit import service_kit as sk

@@ -1,7 +1,7 @@
 """Liveness and readiness: /health answers while the model loads, /ready only once it is loaded."""
 import pytest
 
-from conftest import LOAD_DELAY_S, expect_tokens
+from week20_judging import LOAD_DELAY_S, expect_tokens
 from infracourse.grader import LabCheckFailed
 
 

@@ -17,216 +17,18 @@ the version stamped in the chunks the service streams, and its own load generato
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import random
 import re
-import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import psutil
 import pytest
-import torch
 
 from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import batching
 from infracourse.kit import platform_service as ps
-from infracourse.kit.loadgen import compute_metrics, request_matrix
 from infracourse.kit.threads import intra_op_threads
-
-RECOVERY_REQUESTS, RECOVERY_RATE, KILL_AT_S = 48, 8.0, 1.5
-RESTART_WINDOW_S = 60.0          # the judge stops waiting for a new service process after this
-CAPACITY_SECONDS = 8.0           # each capacity rerun lasts about this long
-CAPACITY_BELOW, CAPACITY_ABOVE = 0.9, 1.15
-DEPLOY_REQUESTS, DEPLOY_RATE = 30, 4.0
-ROLLBACK_WINDOW_S = 40.0         # after the deploy load, how long the judge waits for v2 to be gone
-V2_FAULTS = ({"error_rate": 0.6}, {"extra_step_ms": 75.0})   # errors, or each step 3x slower (25 ms floor)
-DROP_RATE = 0.5
-NEAR_TIE = 1e-4
-
-
-@dataclass
-class Graded:
-    seed: int
-    device: str
-    journal: Path
-    v2_fault: dict
-    phases: dict[str, serving.Phase]
-
-
-def teach(server: serving.Server, what: str) -> str:
-    log = server.log_tail(20000)
-    todo = list(dict.fromkeys(x.strip() for x in log.splitlines() if x.startswith("NotImplementedError")))
-    if todo:
-        return f"{what}. Your gateway raised {'; '.join(todo[-3:])}: not written yet (see the handout)"
-    errors = re.findall(r"^\w*(?:Error|Exception)\b.*$", log, re.MULTILINE)
-    errors = [e for e in errors if "fault injected" not in e]
-    return f"{what}. Your gateway's log ends with: {errors[-1]}" if errors else what
-
-
-def services(server: serving.Server) -> list[dict]:
-    """The course service processes in the gateway's tree (grading.serving.course_services)."""
-    return serving.course_services(server, "platform_service", ps.VERSION_ENV)
-
-
-def journal_events(path: Path) -> list[dict]:
-    events = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return events
-    for line in lines:
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return events
-
-
-@torch.no_grad()
-def greedy(model, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(model(torch.tensor([ids]))[0, -1].float().argmax()))
-    return ids[len(prompt):]
-
-
-@torch.no_grad()
-def first_non_greedy(model, prompt: list[int], tokens: list[int]) -> int | None:
-    if not tokens or any(not 0 <= t < 128 for t in tokens):
-        return 0
-    logits = model(torch.tensor([prompt + tokens[:-1]]))[0, len(prompt) - 1:].float()
-    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-    bad = (chosen < logits.max(-1).values - NEAR_TIE).nonzero()
-    return int(bad[0]) if len(bad) else None
-
-
-def check_outputs(model, specs, records, what: str) -> None:
-    for i, (spec, rec) in enumerate(zip(specs, records)):
-        if not rec.success:
-            continue
-        tokens = [ord(c) for c in rec.text]
-        if len(tokens) != spec.max_tokens:
-            raise LabCheckFailed(
-                f"{what}: request {i} streamed {len(tokens)} token(s), it asked for {spec.max_tokens}. A retry must "
-                "deliver only the tokens the broken attempt had not delivered: count what reached the client and "
-                "skip as many at the start of the retried stream")
-        bad = first_non_greedy(model, spec.prompt_ids, tokens)
-        if bad is not None:
-            raise LabCheckFailed(f"{what}: request {i}'s token {bad} is {tokens[bad]}, not the service's greedy "
-                                 "token: a retried stream spliced at the wrong place, or tokens of another request")
-
-
-# --- the phases --------------------------------------------------------------------------------------------------
-
-def phase_recovery(server: serving.Server, seed: int, journal: Path) -> dict:
-    specs = request_matrix([8], [12], RECOVERY_REQUESTS, vocab_size=128, seed=seed + 11)
-    for i, spec in enumerate(specs):  # half of them meet the drop fault (its seeded share of keys)
-        spec.prompt_ids[0] = ps.DROP_MARK if i % 2 == 0 else spec.prompt_ids[0] % ps.DROP_MARK
-    before = services(server)
-    if not before:
-        raise LabCheckFailed("no course service process (python -m uvicorn infracourse.kit.platform_service:app) "
-                             "runs under your gateway: start it with kit.platform_service.service_command(uds) "
-                             "as a child process and pass the environment through")
-    victim = before[0]
-    kill: dict = {}
-    thread = threading.Thread(target=serving.kill_and_clock, args=(server, victim), daemon=True,
-                              kwargs={"after_s": KILL_AT_S, "window_s": RESTART_WINDOW_S, "out": kill})
-    thread.start()
-    records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0)
-    thread.join(RESTART_WINDOW_S + 5)
-    server.require_alive("during the recovery phase (the judge killed the service process, not your gateway)")
-    return {"specs": specs, "records": records, "duration_s": duration, "kill": kill, "victim": victim,
-            "journal": journal_events(journal)}
-
-
-def read_capacity(learner) -> float:
-    path = learner.path("capacity.json")
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LabCheckFailed("capacity.json is missing: run `python sweep.py`, which serves your gateway, sweeps "
-                             "arrival rates of the capacity workload and writes the highest rate that keeps 99 % "
-                             "of requests within the SLO") from None
-    except ValueError as exc:
-        raise LabCheckFailed(f"capacity.json is not JSON: {exc}") from None
-    rate = data.get("capacity_requests_per_s") if isinstance(data, dict) else None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1000:
-        raise LabCheckFailed(f"capacity.json must hold capacity_requests_per_s, a rate > 0 in requests per second; "
-                             f"got {rate!r}")
-    return float(rate)
-
-
-def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:
-    n = max(20, round(rate * CAPACITY_SECONDS))
-    specs = ps.capacity_specs(n, seed=seed)
-    records, duration = server.load(specs, rate=rate, burstiness=ps.CAPACITY_BURSTINESS, seed=seed, timeout_s=90.0)
-    m = compute_metrics(records, duration, percentiles=(50, 99), goodput_slo_ms=ps.CAPACITY_SLO_MS)
-    good = round(m["request_goodput"] * duration)
-    return {"rate": rate, "n": n, "metrics": m, "good_fraction": good / n, "records": records, "specs": specs}
-
-
-def phase_capacity(server: serving.Server, seed: int, claimed: float) -> dict:
-    below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
-    above = capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)
-    return {"claimed": claimed, "below": below, "above": above}
-
-
-def phase_deploy(server: serving.Server, seed: int) -> dict:
-    specs = request_matrix([8], [12], DEPLOY_REQUESTS, vocab_size=128, seed=seed + 31)
-    for spec in specs:
-        spec.prompt_ids[0] %= ps.DROP_MARK
-    samples, stop = [], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            samples.append((time.perf_counter(), services(server)))
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=sample, daemon=True)
-    poller.start()
-    try:
-        status, _, answer = server.request("POST", "/admin/deploy", {"version": "v2"}, timeout_s=30.0)
-        if status >= 300:
-            raise LabCheckFailed(f"POST /admin/deploy {{\"version\": \"v2\"}} answered HTTP {status} ({answer[:200]!r}); "
-                                 "expected 2xx and a rollout that starts the new version")
-        records, duration = server.load(specs, rate=DEPLOY_RATE, seed=seed, timeout_s=90.0)
-        began = time.perf_counter()
-        while time.perf_counter() - began < ROLLBACK_WINDOW_S:
-            if not any(s["version"] == "v2" for s in services(server)):
-                break
-            time.sleep(0.1)
-    finally:
-        stop.set()
-        poller.join()
-    after = services(server)
-    probes = []
-    for i in range(3):
-        stream = server.stream({"model": "kit-gpt", "prompt": [5 + i, 6, 7, 8], "max_tokens": 3, "stream": True},
-                               timeout_s=30.0)
-        try:
-            versions = [e.get("system_fingerprint") for _, e in stream.events() if isinstance(e, dict)]
-        finally:
-            stream.close()
-        probes.append({"status": stream.status, "versions": versions})
-    return {"specs": specs, "records": records, "duration_s": duration, "samples": samples, "after": after,
-            "probes": probes, "v2_seen": any(s["version"] == "v2" for _, ss in samples for s in ss)}
-
-
-def short_scratch(tmp_path_factory, name: str) -> Path:
-    """A scratch folder whose socket path fits a Unix socket (grading.serving would otherwise pick another one,
-    and the journal or the fault's switch file the judge named would lie outside the sandbox's view)."""
-    scratch = tmp_path_factory.mktemp(name)
-    if len(str(scratch / "server.sock")) > 100:
-        scratch = Path(tempfile.mkdtemp(prefix="ic21-", dir="/tmp" if os.path.isdir("/tmp") else None))
-    return scratch
-
-
-_run = functools.partial(serving.run_phase, teach=teach, who="gateway")  # one phase of the grade, into phases
+from week21_judging import (DIAG_FAULTS, DROP_RATE, V2_FAULTS, Graded, Scenario, keep_phase, phase_capacity, phase_classes,
+                            phase_deploy, phase_recovery, read_capacity, run_scenario, short_scratch)
 
 
 @pytest.fixture(scope="session")
@@ -241,15 +43,15 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
     try:
         with serving.serve(learner.root, "gateway:app", scratch=scratch, env=env, ready_timeout_s=90,
                            device=device) as server:
-            _run(phases, "recovery", server, phase_recovery, s, journal)
+            keep_phase(phases, "recovery", server, phase_recovery, s, journal)
             try:
                 claimed = read_capacity(learner)
             except LabCheckFailed as exc:
                 phases["capacity"] = serving.Phase(failure=str(exc))
             else:
-                _run(phases, "capacity", server, phase_capacity, s, claimed)
-            _run(phases, "classes", server, phase_classes, s)
-            _run(phases, "deploy", server, phase_deploy, s)
+                keep_phase(phases, "capacity", server, phase_capacity, s, claimed)
+            keep_phase(phases, "classes", server, phase_classes, s)
+            keep_phase(phases, "deploy", server, phase_deploy, s)
     except LabCheckFailed as exc:
         message = str(exc)
         todo = list(dict.fromkeys(re.findall(r"^NotImplementedError: .*$", message, re.MULTILINE)))
@@ -265,79 +67,6 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
 def judge_model():
     with intra_op_threads(1):
         yield batching.serve_model(batching.ServeConfig(seed=0))
-
-
-# --- diagnosis: a course service alone, one injected fault each ---------------------------------------------------
-DIAG_FAULTS = ("process_exit", "overload", "slow_dependency")
-DIAG_RATE, DIAG_AFTER_S, DIAG_TOLERANCE_S = 4.0, 2.0, 1.0
-# Evenly spaced arrivals (gamma, as the capacity workload): a slow dependency shows only once a step runs, and a
-# Poisson 4/s left the service idle past the onset for over 0.8 s in 1 % of scenarios, failing an exact diagnosis
-DIAG_BURSTINESS = 20.0
-
-
-@dataclass
-class Scenario:
-    fault: str
-    began_at: float = 0.0          # time.time() when the judge injected it
-    logs: list = field(default_factory=list)
-    metrics: list = field(default_factory=list)
-    failure: str | None = None
-
-
-def _scrape(server: serving.Server, out: list, stop: threading.Event) -> None:
-    while not stop.is_set():
-        t = time.time()
-        try:
-            status, _, body = server.request("GET", "/debug/state", timeout_s=0.5)
-            out.append({"t": t, "up": 1, **json.loads(body)} if status == 200 else {"t": t, "up": 0})
-        except Exception:  # noqa: BLE001 - a scrape that failed is the metric "up 0"
-            out.append({"t": t, "up": 0})
-        time.sleep(0.1)
-
-
-def _background(fn) -> threading.Thread:
-    thread = threading.Thread(target=lambda: _quiet(fn), daemon=True)
-    thread.start()
-    return thread
-
-
-def _quiet(fn) -> None:
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - the load's own failures are what the fault does
-        pass
-
-
-def run_scenario(server: serving.Server, sc: Scenario, seed: int, onset_s: float, flag: Path) -> None:
-    stop = threading.Event()
-    scraper = threading.Thread(target=_scrape, args=(server, sc.metrics, stop), daemon=True)
-    scraper.start()
-    n = int(DIAG_RATE * (onset_s + DIAG_AFTER_S + 1))
-    steady = request_matrix([8], [12], n, vocab_size=128, seed=seed)
-    _background(lambda: server.load(steady, rate=DIAG_RATE, burstiness=DIAG_BURSTINESS, seed=seed, timeout_s=8.0))
-    time.sleep(onset_s)
-    sc.began_at = time.time()
-    if sc.fault == "process_exit":
-        for p in psutil.Process(server.proc.pid).children(recursive=True):
-            try:
-                if any("platform_service" in a for a in p.cmdline()):
-                    p.kill()
-            except psutil.Error:
-                pass
-    elif sc.fault == "overload":
-        flood = request_matrix([8], [12], 120, vocab_size=128, seed=seed + 1)
-        _background(lambda: server.load(flood, seed=seed, timeout_s=8.0))
-    else:
-        flag.touch()
-    time.sleep(DIAG_AFTER_S)
-    stop.set()
-    scraper.join(2)
-    for line in server.log_tail(2_000_000).splitlines():
-        if line.startswith("{"):
-            try:
-                sc.logs.append(json.loads(line))
-            except ValueError:
-                continue
 
 
 @pytest.fixture(scope="session")
@@ -370,29 +99,3 @@ def scenarios(device, seed, tmp_path_factory) -> list[Scenario]:
         for _, _, server in servers:
             serving.stop(server)
     return out
-
-
-# --- two request classes ------------------------------------------------------------------------------------------
-FLOOD_A, CLASS_B_REQUESTS, CLASS_B_RATE, CLASS_B_AFTER_S = 60, 12, 3.0, 0.5
-
-
-def phase_classes(server: serving.Server, seed: int) -> dict:
-    flood = request_matrix([8], [12], FLOOD_A, vocab_size=128, seed=seed + 41)
-    steady = request_matrix([8], [12], CLASS_B_REQUESTS, vocab_size=128, seed=seed + 42)
-    for spec in flood + steady:
-        spec.prompt_ids[0] %= ps.DROP_MARK
-    out: dict = {}
-
-    def run_a():
-        out["a"] = server.load(flood, seed=seed, timeout_s=90.0, extra_body={"request_class": "A"})
-
-    thread = threading.Thread(target=run_a, daemon=True)
-    thread.start()
-    time.sleep(CLASS_B_AFTER_S)
-    b_records, b_duration = server.load(steady, rate=CLASS_B_RATE, burstiness=20.0, seed=seed, timeout_s=90.0,
-                                        extra_body={"request_class": "B"})
-    thread.join(95)
-    a_records, a_duration = out["a"]
-    return {"a": {"specs": flood, "records": a_records, "metrics": compute_metrics(a_records, a_duration)},
-            "b": {"specs": steady, "records": b_records, "metrics": compute_metrics(b_records, b_duration,
-                                                                                   percentiles=(50, 99))}}

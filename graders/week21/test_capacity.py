@@ -2,7 +2,7 @@
 shared machine) and breaks it at 1.15x: the claim is within about 15 % of the real ceiling."""
 import pytest
 
-from conftest import CAPACITY_ABOVE, CAPACITY_BELOW, check_outputs
+from week21_judging import CAPACITY_ABOVE, CAPACITY_BELOW, check_outputs
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, check_outputs
+from week21_judging import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, check_outputs
 from infracourse.grader import LabCheckFailed
 
 CPU_READY_S = 20.0  # on a GPU machine the same bound: the service's start is an import and a tiny model

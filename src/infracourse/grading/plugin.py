@@ -66,6 +66,8 @@ def pytest_configure(config):
         return
     config._infracourse = _Session(config)
     config.pluginmanager.register(config._infracourse, "infracourse-session")
+    # a week's shared judging module (graders/week17/week17_judging.py) is imported by its week-unique name
+    sys.path.insert(0, str(config.rootpath))
 
 
 class _Session:

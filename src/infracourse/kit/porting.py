@@ -82,6 +82,11 @@ def _traced(model: GPT, idx: torch.Tensor, edit=None):
 def reference_run(config: dict | None, seed: int, batch: int) -> dict[str, torch.Tensor]:
     """Every layer's output (float32) of one forward pass of the seeded model on its seeded batch."""
     model, idx = build(config, seed, batch)
+    return layer_outputs(model, idx)
+
+
+def layer_outputs(model: GPT, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every leaf layer's output of one forward pass of `model` (on any device) on `idx`, in call order."""
     return _traced(model, idx)[0]
 
 

@@ -1,0 +1,318 @@
+"""The shared judging helpers of the week17 graders (constants, checks, probes): its test files and
+conftest.py (which keeps the fixtures) import them by this week-unique name."""
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+import psutil
+
+import torch
+
+from infracourse.grader import LabCheckFailed, serving
+from infracourse.kit import batching
+from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
+
+
+PERCENTILES = (50, 95, 99)
+STARVE_SHORTS, STARVE_LONG_AT = 30, 8  # the starvation phase's short requests; where its long prompt is
+NEAR_TIE = 1e-4  # a token within this of the best logit counts as greedy (batched sums round differently)
+
+
+@dataclass
+class Served:
+    seed: int
+    device: str
+    cfg: batching.ServeConfig
+    phases: dict[str, serving.Phase]
+    log: str = ""
+
+    def failed(self, what: str) -> LabCheckFailed:
+        """A failure whose message adds what the server's log says went wrong, if anything."""
+        return LabCheckFailed(teach_from_log(self.log, what))
+
+
+def teach(server: serving.Server, what: str) -> str:
+    """`what`, plus the server's NotImplementedError or last traceback line when its log has one."""
+    return teach_from_log(server.log_tail(20000), what)
+
+
+def teach_from_log(log: str, what: str) -> str:
+    """`what`, plus the NotImplementedErrors (each once) or the last error line of the server's log."""
+    todo = list(dict.fromkeys(x.strip() for x in log.splitlines() if x.startswith("NotImplementedError")))
+    if todo:
+        return (f"{what}. Your server raised {'; '.join(todo[-3:])}: not written yet (see the handout)")
+    errors = re.findall(r"^\w*(?:Error|Exception)\b.*$", log, re.MULTILINE)
+    return f"{what}. Your server's log ends with: {errors[-1]}" if errors else what
+
+
+def state(server: serving.Server) -> dict:
+    """/debug/state, its fields type-checked: num_blocks, free_blocks, running, waiting (ints)."""
+    s = server.get_json("/debug/state")
+    missing = [k for k in ("num_blocks", "free_blocks", "running", "waiting")
+               if not isinstance(s, dict) or type(s.get(k)) is not int]
+    if missing:
+        raise LabCheckFailed(f"GET /debug/state must answer a JSON object with integer num_blocks, free_blocks, "
+                             f"running and waiting; {missing} missing or not integers in {s!r:.300}")
+    return s
+
+
+def wait_idle(server: serving.Server, free: int, within_s: float) -> tuple[dict, float]:
+    """Poll /debug/state until nothing runs or waits and `free` blocks are free; (last state, seconds waited)."""
+    started = time.perf_counter()
+    while True:
+        s = state(server)
+        waited = time.perf_counter() - started
+        if (s["running"] == 0 and s["waiting"] == 0 and s["free_blocks"] == free) or waited > within_s:
+            return s, waited
+        time.sleep(0.01)
+
+
+def body(prompt: list[int], max_tokens: int, **extra) -> dict:
+    return {"model": "kit-gpt", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **extra}
+
+
+def tokens_of(text: str) -> list[int]:
+    """A streamed text back to its ids: the vocabulary is 128 ASCII characters, one per token."""
+    return [ord(c) for c in text]
+
+
+@torch.no_grad()
+def first_non_greedy(model, prompt: list[int], tokens: list[int]) -> int | None:
+    """The first position where `tokens` leaves greedy decoding (teacher-forced: one forward over prompt +
+    tokens, each token must be the argmax, or within NEAR_TIE of it, at the position before it); None if none."""
+    if not tokens or any(not 0 <= t < model.cfg.vocab_size for t in tokens):
+        return 0
+    logits = model(torch.tensor([prompt + tokens[:-1]]))[0, len(prompt) - 1:].float()
+    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    bad = (chosen < logits.max(-1).values - NEAR_TIE).nonzero()
+    return int(bad[0]) if len(bad) else None
+
+
+def check_outputs(model, specs: list[RequestSpec], records, what: str) -> None:
+    """Every successful record's text is max_tokens greedy tokens of its prompt (LabCheckFailed otherwise)."""
+    for i, (spec, rec) in enumerate(zip(specs, records)):
+        if not rec.success:
+            continue
+        tokens = tokens_of(rec.text)
+        if len(tokens) != spec.max_tokens:
+            raise LabCheckFailed(f"{what}: request {i} (prompt of {len(spec.prompt_ids)} tokens) streamed "
+                                 f"{len(tokens)} token(s), max_tokens was {spec.max_tokens}: one content chunk per "
+                                 "token, text = chr(token id), until max_tokens (ignore_eos)")
+        bad = first_non_greedy(model, spec.prompt_ids, tokens)
+        if bad is not None:
+            expected = first_non_greedy_expected(model, spec.prompt_ids, tokens, bad)
+            raise LabCheckFailed(
+                f"{what}: request {i} (prompt of {len(spec.prompt_ids)} tokens, {spec.max_tokens} new) differs from "
+                f"sequential greedy generation (kit.generate) at new token {bad}: got {tokens[bad]}, greedy gives "
+                f"{expected}. A token computed with the wrong keys (another sequence's blocks, a block freed and "
+                "reused, a preempted sequence recomputed without its generated tokens) or at the wrong position")
+
+
+@torch.no_grad()
+def first_non_greedy_expected(model, prompt, tokens, position) -> int:
+    return int(model(torch.tensor([prompt + tokens[:position]]))[0, -1].float().argmax())
+
+
+def device_memory_mb(server: serving.Server) -> float | None:
+    """GPU memory the server's processes hold, MiB, as the driver reports it (nvidia-smi, after the load: the
+    caching allocator keeps its peak); None on a CPU run or where the driver lists no process of the server."""
+    try:
+        pids = {server.proc.pid, *(c.pid for c in psutil.Process(server.proc.pid).children(recursive=True))}
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError, psutil.NoSuchProcess):
+        return None
+    used = [float(mb) for pid, mb in (line.split(",") for line in out.splitlines() if line.count(",") == 1)
+            if pid.strip().isdigit() and int(pid) in pids]
+    return sum(used) if used else None
+
+
+def peak_rss_mb(server: serving.Server) -> float:
+    """The largest peak resident set (VmHWM) among the server's processes, MiB: the uvicorn Python process."""
+    peak = 0
+    try:
+        procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for p in procs:
+        try:
+            status = Path(f"/proc/{p.pid}/status").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+        if m:
+            peak = max(peak, int(m.group(1)))
+    return peak / 1024
+
+
+# --- the phases ------------------------------------------------------------------------------------------------
+
+def phase_load(server: serving.Server, seed: int) -> dict:
+    specs = batching.bench_specs(seed)
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                samples.append(state(server))
+            except Exception:  # noqa: BLE001 - a bad answer is judged after the run, from the polls that worked
+                pass
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=sample, daemon=True)
+    poller.start()
+    try:
+        records, duration = server.load(specs, concurrency=batching.BENCH_CONCURRENCY, timeout_s=60.0)
+    finally:
+        stop.set()
+        poller.join()
+    server.require_alive("during the load point")
+    idle, waited = wait_idle(server, batching.bench_config().num_blocks, 2.0)
+    metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
+    return {"specs": specs, "records": records, "duration_s": duration, "metrics": metrics, "samples": samples,
+            "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server),
+            "device_mb": device_memory_mb(server)}
+
+
+def phase_starvation(server: serving.Server, seed: int, cfg: batching.ServeConfig) -> dict:
+    """Fill every slot and block with long-running requests, queue short prompts and one long prompt behind
+    them, and see who is admitted first when the slots come free."""
+    # one prompt token and enough new ones that the fillers' sequences end up holding every block of the pool
+    filler_tokens = cfg.num_blocks * cfg.block_size // cfg.max_num_seqs
+    fillers = request_matrix([1], [filler_tokens - 1], cfg.max_num_seqs, vocab_size=128, seed=seed + 1)
+    shorts = request_matrix([8], [8], STARVE_SHORTS, vocab_size=128, seed=seed + 2)
+    long = request_matrix([100], [8], 1, vocab_size=128, seed=seed + 3)[0]
+    specs = shorts[:STARVE_LONG_AT] + [long] + shorts[STARVE_LONG_AT:]
+    done = {}
+    filling = threading.Thread(target=lambda: done.update(records=server.load(fillers, timeout_s=30.0)[0]),
+                               daemon=True)
+    filling.start()
+    began = time.perf_counter()
+    while state(server)["running"] < cfg.max_num_seqs and time.perf_counter() - began < 2.0:
+        time.sleep(0.005)
+    full = state(server)
+    records, duration = server.load(specs, timeout_s=30.0)  # all at once, into the queue
+    filling.join(30)
+    return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "duration_s": duration,
+            "full": full, "fillers": done.get("records")}
+
+
+def phase_disconnect(server: serving.Server, seed: int, floor_s: float) -> dict:
+    before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
+    prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 3)[0].prompt_ids
+    max_tokens = 120
+    stream = server.stream(body(prompt, max_tokens))
+    times = []
+    try:
+        if stream.status != 200:
+            raise LabCheckFailed(f"the disconnect probe's request (prompt of 8 tokens, max_tokens {max_tokens}) was "
+                                 f"answered HTTP {stream.status}, expected 200 and a stream")
+        for t, event in stream.events():
+            if isinstance(event, dict) and (event.get("choices") or [{}])[0].get("text"):
+                times.append(t)
+                if len(times) == 2:
+                    break
+        during = state(server)
+    finally:
+        stream.close()
+    closed = time.perf_counter()
+    # half the least time the rest of the generation needs: a step lasts at least the runner's floor (CPU), or
+    # what this stream's second token took (GPU)
+    itl = max(floor_s, (times[1] - times[0]) if len(times) == 2 else 0.0)
+    window = max(0.1, 0.5 * (max_tokens - 2) * itl)
+    after, waited = wait_idle(server, before["free_blocks"], window)
+    # the server must still serve: a new request completes, correct
+    spec = request_matrix([8], [6], 1, vocab_size=128, seed=seed + 4)[0]
+    records, _ = server.load([spec], timeout_s=20.0)
+    return {"before": before, "during": during, "after": after, "chunks": len(times), "waited_s": waited,
+            "window_s": window, "closed": closed, "next": (spec, records[0])}
+
+
+def phase_timeout(server: serving.Server, seed: int, itl_s: float) -> dict:
+    before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
+    prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 5)[0].prompt_ids
+    max_tokens = 120
+    timeout = min(0.3, max(0.02, 0.3 * max_tokens * itl_s))  # well under the generation's own time
+    stream = server.stream(body(prompt, max_tokens, timeout_s=timeout))
+    content, done = 0, False
+    try:
+        if stream.status == 200:
+            for _, event in stream.events():
+                if event == "[DONE]":
+                    done = True
+                    break
+                if isinstance(event, dict) and (event.get("choices") or [{}])[0].get("text"):
+                    content += 1
+        ended = time.perf_counter() - stream.sent
+    finally:
+        stream.close()
+    after, waited = wait_idle(server, before["free_blocks"], 1.0)
+    return {"timeout_s": timeout, "status": stream.status, "content": content, "done": done, "ended_s": ended,
+            "before": before, "after": after, "max_tokens": max_tokens}
+
+
+def phase_burst(server: serving.Server, seed: int, cfg: batching.ServeConfig) -> dict:
+    """All at once, each on its own raw stream (a thread each): status, seconds to the status line, text."""
+    n = cfg.max_num_seqs + cfg.max_waiting + 32
+    specs = request_matrix([8], [16], n, vocab_size=128, seed=seed + 6)
+    answers: list[dict | None] = [None] * n
+    samples, start = [], threading.Barrier(n + 1)
+
+    def one(i: int) -> None:
+        start.wait()
+        try:
+            stream = server.stream(body(specs[i].prompt_ids, specs[i].max_tokens), timeout_s=60.0)
+        except OSError as exc:
+            answers[i] = {"status": 0, "status_s": None, "text": "", "done": False, "error": str(exc)}
+            return
+        status_s, text, done = time.perf_counter() - stream.sent, [], False
+        try:
+            if stream.status == 200:
+                for _, event in stream.events():
+                    if event == "[DONE]":
+                        done = True
+                        break
+                    if isinstance(event, dict):
+                        text.append((event.get("choices") or [{}])[0].get("text") or "")
+        finally:
+            stream.close()
+        answers[i] = {"status": stream.status, "status_s": status_s, "text": "".join(text), "done": done,
+                      "error": ""}
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    while any(t.is_alive() for t in threads) and time.perf_counter() - began < 90:
+        samples.append(state(server))
+        time.sleep(0.02)
+    return {"specs": specs, "answers": answers, "samples": samples, "n": n}
+
+
+keep_phase = functools.partial(serving.run_phase, teach=teach, who="server")  # one phase of the grade, into phases
+
+
+def load_point(server: serving.Server, seed: int, who: str) -> dict:
+    """The load point through `server`, the judge's clock: kit.loadgen metrics (output_throughput: output tokens
+    of successful requests per second; ttft_ms percentiles)."""
+    records, duration = server.load(batching.bench_specs(seed), concurrency=batching.BENCH_CONCURRENCY,
+                                    timeout_s=60.0)
+    metrics = compute_metrics(records, duration)
+    if metrics["failed"]:
+        message = f"{metrics['failed']} requests failed ({[r.error for r in records if not r.success][:2]})"
+        if who == "static":
+            raise RuntimeError(f"the course's static-batching baseline: {message}; a course bug, please report it")
+        raise LabCheckFailed(f"the load point, measured again: {message}")
+    return metrics
+
+
+def median(values):
+    return statistics.median(values) if values else 0.0
