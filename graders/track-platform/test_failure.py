@@ -2,6 +2,7 @@
 configuration; the gateway must say so at once (429/503), not hold batch requests forever, and interactive
 must not notice."""
 import pytest
+
 from infracourse.grader import LabCheckFailed
 
 

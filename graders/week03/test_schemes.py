@@ -2,6 +2,7 @@
 (Whether packing wastes positions is effective-gain's to judge.)"""
 import pytest
 import torch
+
 from infracourse.grader import LabCheckFailed, assert_close, require_plain_tensor
 
 

@@ -8,6 +8,7 @@ model call latency_table makes serves requests (the handout's rule)."""
 import time
 
 import pytest
+
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import sequences
 

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
+
 from infracourse.grader import LabCheckFailed, WrongOutput
 from infracourse.kit import sequences
 

@@ -6,6 +6,7 @@ view of the judge's own tensor (the codec keeps aliasing when the storage's byte
 are compared here; the ops each call dispatched are what the worker observed (infracourse.grader.CallRecord)."""
 import pytest
 import torch
+
 from infracourse.grader import CallRecord, LabCheckFailed, require_plain_tensor
 
 

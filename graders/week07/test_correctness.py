@@ -3,6 +3,7 @@ import random
 
 import pytest
 import torch
+
 from infracourse.grader import (LabCheckFailed, assert_close, explain_nan, fenced, interpreter_note,
                                 require_plain_tensor, run_watched)
 

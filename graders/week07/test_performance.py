@@ -1,5 +1,6 @@
 """Week 7 performance on a GPU: bandwidth as a fraction of this device's calibrated copy bandwidth."""
 import pytest
+
 from infracourse.grader import assert_close, require_fraction, tensors, timed
 
 

@@ -6,6 +6,7 @@ on a CPU its checks are blocked and kernel-did-work compile-checks the file with
 """
 import pytest
 import torch
+
 from infracourse.grader import (LabCheckFailed, LearnerRaised, assert_close, blocked, interpreter_note,
                                 require_plain_tensor, run_watched, tolerance)
 

@@ -3,6 +3,7 @@ import random
 
 import pytest
 import torch
+
 from infracourse.grader import LabCheckFailed, explain_nan, fenced, run_watched
 
 

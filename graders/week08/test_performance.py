@@ -3,6 +3,7 @@ against torch.softmax on the same device, all timed by the one harness (fresh in
 checked, L2 flushed, events + device-wide synchronise + wall-clock cross-check, physics floor)."""
 import pytest
 import torch
+
 from infracourse.grader import reference_time, require_fraction, require_speedup, tensors, timed
 
 

@@ -1,6 +1,7 @@
 """Week 9 graders: the learner's module, the tf32 switch it reads, and the error each dtype may show."""
 import pytest
 import torch
+
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import probes
 

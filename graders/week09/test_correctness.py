@@ -3,6 +3,7 @@ import random
 
 import pytest
 import torch
+
 from infracourse.grader import (LabCheckFailed, dtype_name, explain_nan, fenced, interpreter_note,
                                 relative_error, require_plain_tensor, run_watched, wrong_blocks)
 

@@ -1,6 +1,7 @@
 """Week 9 performance on a GPU: TFLOP/s against cuBLAS (torch.mm) on the same device, timed the same way."""
 import pytest
 import torch
+
 from infracourse.grader import (LabCheckFailed, dtype_name, reference_time, relative_error, require_fraction, tensors,
                                 timed)
 

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+
 from infracourse.grader import LabCheckFailed
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from week16_judging import JudgeAllocator, attempt, checked_state
 from test_allocator import random_run
+
 from infracourse.grader import LabCheckFailed
 
 # The shared-prefix workload (fixed, so the report's figures can be compared with this grade's):

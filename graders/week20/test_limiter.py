@@ -3,6 +3,7 @@ built and called in the grading worker, time moves only when the judge says."""
 import math
 
 import pytest
+
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import service_kit
 

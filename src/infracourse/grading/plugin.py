@@ -66,8 +66,12 @@ def pytest_configure(config):
         return
     config._infracourse = _Session(config)
     config.pluginmanager.register(config._infracourse, "infracourse-session")
-    # a week's shared judging module (graders/week17/week17_judging.py) is imported by its week-unique name
-    sys.path.insert(0, str(config.rootpath))
+
+
+def pytest_load_initial_conftests(early_config, parser, args):
+    """A week's shared judging module (graders/week17/week17_judging.py) is imported by its week-unique name, by
+    the week's conftest.py too: the graders' folder (the rootdir) goes on the judge's path before that loads."""
+    sys.path.insert(0, str(early_config.rootpath))
 
 
 class _Session:
