@@ -12,7 +12,8 @@ HEAVY_PACKAGES = {"pytest", "_pytest", "pluggy", "torch", "triton", "numpy", "ma
 GRADING_ONLY = {"infracourse.grading.plugin", "infracourse.grading.fixtures", "infracourse.grading.runner",
                 "infracourse.grading.remote", "infracourse.grading.worker", "infracourse.grading.protocol",
                 "infracourse.grading.perf", "infracourse.grading.inputs", "infracourse.grading.plots",
-                "infracourse.grading.report_check", "infracourse.bench", "infracourse.compare", "infracourse.hardware"}
+                "infracourse.grading.report_check", "infracourse.bench", "infracourse.compare", "infracourse.hardware",
+                "infracourse.observe", "infracourse.grading.verdicts", "infracourse.grader"}
 PROBE = """import json, sys
 from infracourse.cli import app
 code = 0

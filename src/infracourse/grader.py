@@ -9,8 +9,9 @@ this module holds what a grader calls. By job:
   thing: not retried, no busy-machine note), `blocked("why")` (this machine cannot run the check: not a failure)
 - learner calls: objects of the `learner` fixture are proxies; calling one runs the learner's code in the
   sandboxed worker and raises `LearnerRaised` / `LearnerHung` for what it did. `in_worker(kit.fn, *args)` names a
-  course object to build inside the worker (a `WorkerObject`; `learner.build(kit.fn, *args)` builds it), `run_watched` judges a
-  kernel call from what the worker observed (`CallRecord`), `require_*` are the judge's other verdicts
+  course object to build inside the worker (a `WorkerObject`; `learner.build(kit.fn, *args)` builds it),
+  `run_watched` judges a kernel call from what the worker observed (`CallRecord`), `require_*` are the judge's
+  other verdicts
 - inputs: `tensors`, `scaled`, `tokens`, `gpt_batches` (specs both sides build alike), `build_inputs`,
   `fenced`, `dtype_name`
 - comparison: `assert_close`, `assert_grad_close`, `relative_error`, `wrong_blocks`, `tolerance`
@@ -18,7 +19,7 @@ this module holds what a grader calls. By job:
   `require_fraction`, `require_speedup`, `require_possible`
 - figures: `read_figures` (a report's figures block), `check_formula`, `check_measured`
 - processes: `run_script`, `run_ranks` / `start_ranks` / `collect` / `rank_processes` / `RanksRun` (a torchrun
-  world), `serving` (a learner's server), `output` (bounded capture of a process's output)
+  world), `serving` (a learner's server), `server_environment`, `output` (bounded capture of a process's output)
 
 docs/authoring.md walks through a grader written against it; tests/test_grader_imports.py keeps graders to it.
 """
