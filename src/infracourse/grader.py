@@ -25,8 +25,6 @@ docs/authoring.md walks through a grader written against it; tests/test_grader_i
 """
 from __future__ import annotations
 
-from typing import Any
-
 from infracourse.compare import assert_close, assert_grad_close, relative_error, tolerance, wrong_blocks
 from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.grading import output, serving
