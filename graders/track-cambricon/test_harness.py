@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from track_cambricon_judging import BATCH, model_of, read_raw
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import KINDS, MODES, Perturbation, device_run, layer_metrics, reference_run
+from track_cambricon_judging import BATCH, model_of, read_raw
 
 # the judge's perturbations: big against the dtype's rounding, small against a careless tolerance
 FP32_NOISE, BF16_NOISE = 1e-2, 0.2  # x rms of the layer's output

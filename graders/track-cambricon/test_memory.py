@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from track_cambricon_judging import BATCH
 from infracourse.grader import CallRecord, LabCheckFailed, check_formula, check_measured
 from infracourse.kit.porting import CONFIG, measured_bytes
+from track_cambricon_judging import BATCH
 
 CASES = [  # model configs (kit.porting.CONFIG's keys), with a batch and bytes per element
     dict(CONFIG, batch=BATCH, dtype_bytes=4),

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from track_cambricon_judging import BATCH
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import build, layer_outputs, reference_run
+from track_cambricon_judging import BATCH
 
 
 def _on_mlu():

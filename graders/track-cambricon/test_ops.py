@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import cpu_kernel_key, dispatch_keys, has_kernel, python_callable, resolve_op, traced_ops
+from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
 
 STATUSES = ("supported", "partial", "unsupported", "not a kernel", "unknown")
 DEVICE_KEYS = ("PrivateUse1", "AutogradPrivateUse1")  # where an out-of-tree backend such as torch_mlu registers

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
 from infracourse.grader import LabCheckFailed, assert_close
 from infracourse.kit.porting import reference_run
+from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
 
 REL = 1e-6  # the same float32 computation in another process: equal up to the summation order of a matmul
 

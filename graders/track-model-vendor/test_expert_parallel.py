@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from track_model_vendor_judging import SMALL_WORLD, learner_placement, combined_once, compare_outputs, pairs_once, require_all_to_all, skewed_load
 from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import moe as kit
+from track_model_vendor_judging import (SMALL_WORLD, combined_once, compare_outputs, learner_placement, pairs_once,
+                                        require_all_to_all, skewed_load)
 
 DTYPE_BYTES = 8        # the launch's tensors are float64
 EPLB_GAIN = 0.8        # the rebalanced maximum rank load must be at most 0.8 x the contiguous one

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from track_model_vendor_judging import combined_once, compare_outputs, launch, pairs_once, require_all_to_all
 from infracourse.grader import LabCheckFailed
+from track_model_vendor_judging import combined_once, compare_outputs, launch, pairs_once, require_all_to_all
 
 
 @pytest.mark.check("nccl-single-gpu")

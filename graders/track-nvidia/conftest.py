@@ -15,13 +15,12 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.grader import CallRecord, LabCheckFailed, build_inputs, dtype_name, in_worker, reference_time, timed, tokens
-from infracourse.kit import gpt
-from infracourse.kit import probes
-from infracourse.kit import hotspot
+from infracourse.grader import (CallRecord, LabCheckFailed, build_inputs, dtype_name, in_worker, reference_time, timed,
+                                tokens)
+from infracourse.kit import gpt, hotspot, probes
 from infracourse.kit.probes import GPTTrainer
-from track_nvidia_judging import (Baseline, Effect, trainer_options, judge_seconds, norm_spec, on_cpu, operator_race, seconds,
-                                  unfused_forward_backward, worker_seconds)
+from track_nvidia_judging import (Baseline, Effect, judge_seconds, norm_spec, on_cpu, operator_race, seconds,
+                                  trainer_options, unfused_forward_backward, worker_seconds)
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,8 @@ code, here): the norm's share of the step, the step's kernel launches and copies
 (raw/baseline.json) must have measured the same thing."""
 import pytest
 
-from track_nvidia_judging import number, read_raw
 from infracourse.grader import LabCheckFailed
+from track_nvidia_judging import number, read_raw
 
 
 @pytest.mark.check("baseline-hotspot")

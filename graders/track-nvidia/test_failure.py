@@ -3,8 +3,8 @@ slower than the unfused norm; the judge measures that shape again, forward + bac
 import pytest
 import torch
 
-from track_nvidia_judging import number, operator_race, read_raw
 from infracourse.grader import LabCheckFailed
+from track_nvidia_judging import number, operator_race, read_raw
 
 MAX_ELEMENTS = {"cpu": 1 << 21, "cuda": 1 << 28}  # what the grader re-measures in seconds on each device
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from track_nvidia_judging import judge_seconds
 from infracourse.grader import build_inputs, check_formula, check_measured, tokens
 from infracourse.kit import hotspot
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.probes import GPTTrainer
+from track_nvidia_judging import judge_seconds
 
 CONFIGS = [  # (config, tokens): widths, depths, a vocabulary larger than d_model, grouped KV heads, mlp_ratio
     (GPTConfig(vocab_size=256, seq_len=64, d_model=128, n_head=4, n_layer=2), 256),

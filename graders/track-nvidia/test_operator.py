@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from infracourse.grader import (assert_close, assert_grad_close, dtype_name, require_own_kernel, require_plain_tensor,
+                                require_speedup)
 from track_nvidia_judging import EPS, float64_norm, operator_race
-from infracourse.grader import (assert_close, assert_grad_close, dtype_name, require_own_kernel,
-                                require_plain_tensor, require_speedup)
 
 DTYPES = [torch.float32, torch.bfloat16]
 # hidden sizes that are no power of two, one row, 3-D activations like the model's (batch, seq, hidden)

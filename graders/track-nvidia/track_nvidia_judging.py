@@ -6,7 +6,8 @@ from typing import Callable
 
 import torch
 
-from infracourse.grader import LabCheckFailed, WorkerObject, assert_close, assert_grad_close, build_inputs, dtype_name, in_worker, reference_time, scaled, timed
+from infracourse.grader import (LabCheckFailed, WorkerObject, assert_close, assert_grad_close, build_inputs, dtype_name,
+                                in_worker, reference_time, scaled, timed)
 from infracourse.kit import hotspot
 from infracourse.kit.probes import ForwardBackward
 

@@ -29,7 +29,7 @@ import pytest
 from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import platform_service as ps
 from track_platform_judging import (DROP_RATE, FIFO_BATCH, FIFO_INTERACTIVE, FIFO_LEAD_S, FIFO_RATE, LIMITS, NEEDS,
-                                    Started, phase_of, metrics_of, phase_capacity, phase_mixed, phase_recovery,
+                                    Started, metrics_of, phase_capacity, phase_mixed, phase_of, phase_recovery,
                                     phase_starved, read_capacity, short_scratch, specs_of, start_failure, two_classes)
 
 

@@ -3,9 +3,9 @@
 runs the same workload against the course service itself."""
 import pytest
 
-from track_platform_judging import FIFO_BATCH, FIFO_INTERACTIVE, FIFO_RATE
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.loadgen import compute_metrics, read_records
+from track_platform_judging import FIFO_BATCH, FIFO_INTERACTIVE, FIFO_RATE
 
 FACTOR, ABSOLUTE_MS = 2.0, 300.0
 

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from track_platform_judging import CAPACITY_ABOVE, CAPACITY_BELOW, CAPACITY_FLOOD_RATE, LIMITS
 from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost
+from track_platform_judging import CAPACITY_ABOVE, CAPACITY_BELOW, CAPACITY_FLOOD_RATE, LIMITS
 
 SLO = f"TTFT <= {ps.CAPACITY_SLO_MS['ttft']:g} ms and TPOT <= {ps.CAPACITY_SLO_MS['tpot']:g} ms"
 ESTIMATE_FACTOR = 1.5

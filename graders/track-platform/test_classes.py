@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from track_platform_judging import FLOOD_RATE, FLOOD_S, INTERACTIVE_N, INTERACTIVE_RATE, LIMITS, REFUSED
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.loadgen import compute_metrics
+from track_platform_judging import FLOOD_RATE, FLOOD_S, INTERACTIVE_N, INTERACTIVE_RATE, LIMITS, REFUSED
 
 MIN_SAMPLES = 5
 MIN_REFUSED_SHARE = 0.25

@@ -2,8 +2,8 @@
 new one up; no interactive request is lost, and none is computed twice (the service's journal, course code)."""
 import pytest
 
-from track_platform_judging import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, journal_tokens
 from infracourse.grader import LabCheckFailed
+from track_platform_judging import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, journal_tokens
 
 
 @pytest.mark.check("restart-recovers")

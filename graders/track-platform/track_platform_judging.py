@@ -15,8 +15,7 @@ from pathlib import Path
 
 from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import platform_service as ps
-from infracourse.kit.loadgen import (RequestRecord, arrival_offsets, compute_metrics, request_matrix,
-                                     send_completion)
+from infracourse.kit.loadgen import RequestRecord, arrival_offsets, compute_metrics, request_matrix, send_completion
 
 
 LIMITS = dict(ps.CLASS_LIMITS)           # the judge's class limits: 2 batch slots of 4, queues of 8 and 16

@@ -3,8 +3,7 @@ round trip between the worker and the grader costs on this machine right now."""
 import time
 
 import pytest
-from infracourse.kit import intra_op
-from infracourse.kit import workloads
+from infracourse.kit import intra_op, workloads
 
 
 OVERHEAD_S = 1e-3  # what a harness may add to a call (clock reads, a no-op sync, Python) on a busy machine

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from infracourse import bench
 from infracourse.grader import LabCheckFailed, in_worker
 from infracourse.kit import workloads
-from infracourse import bench
 from infracourse.kit.threads import intra_op_threads
 from infracourse.kit.workloads import Steady
 

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from infracourse.grader import LabCheckFailed, in_worker
-from infracourse.kit import probes
-from infracourse.kit import workloads
 from infracourse import bench
+from infracourse.grader import LabCheckFailed, in_worker
+from infracourse.kit import probes, workloads
 from infracourse.kit.workloads import CudaSleep, Jittery, SlowStart, Steady, ThreadQueue
 
 OVERHEAD_S = 1e-3  # what a harness may add to a GPU call (clock reads, the sync, Python); no round trip there

@@ -10,10 +10,9 @@ import random
 
 import pytest
 
-from infracourse.grader import LabCheckFailed
-from infracourse.kit import data
-from infracourse.kit import intra_op
 from infracourse import bench
+from infracourse.grader import LabCheckFailed
+from infracourse.kit import data, intra_op
 from infracourse.kit.data import ensure_dataset
 from infracourse.kit.threads import intra_op_threads
 from week02_judging import SECOND_BATCH, Plan, Sweep, process_rss_mb

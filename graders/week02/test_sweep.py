@@ -9,8 +9,8 @@ import psutil
 import pytest
 import torch
 
-from infracourse.grader import LabCheckFailed
 from infracourse import bench
+from infracourse.grader import LabCheckFailed
 from infracourse.kit.data import ImageSet, dataset_batches, to_device
 
 from week02_judging import BASELINE

@@ -7,7 +7,7 @@ import pytest
 from infracourse.grader import in_worker
 from infracourse.kit import intra_op
 from infracourse.kit.gpt import GPTConfig
-from infracourse.kit.sequences import token_model, random_batches
+from infracourse.kit.sequences import random_batches, token_model
 from infracourse.kit.threads import intra_op_threads
 
 # Per device: model size, number of batches, sequences per batch, and the length distribution.

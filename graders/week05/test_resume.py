@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from infracourse.grader import LabCheckFailed, LearnerRaised, output
-from infracourse.kit.resume_driver import NO_MODEL_STATE, NOT_WRITTEN, launch
+from infracourse.kit.resume_driver import NOT_WRITTEN, NO_MODEL_STATE, launch
 
 STEPS, SAVE_EVERY = 24, 3
 BF16_LOSS_RTOL = 1e-3

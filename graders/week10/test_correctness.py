@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, dtype_name, explain_nan,
-                                fenced, in_worker, interpreter_note, relative_error, require_own_kernel,
-                                require_plain_tensor, run_watched)
+from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, dtype_name, explain_nan, fenced,
+                                in_worker, interpreter_note, relative_error, require_own_kernel, require_plain_tensor,
+                                run_watched)
 from infracourse.kit import probes
 from infracourse.kit.gpt import GPTConfig, synthetic_batch
 from infracourse.kit.probes import GPTTrainer

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, build_inputs, dtype_name,
-                                in_worker, reference_time, require_fraction, require_speedup, scaled, timed, tokens)
+from infracourse.grader import (LabCheckFailed, assert_close, assert_grad_close, build_inputs, dtype_name, in_worker,
+                                reference_time, require_fraction, require_speedup, scaled, timed, tokens)
 from infracourse.kit import probes
 from infracourse.kit.gpt import GPTConfig, RMSNorm
 from infracourse.kit.probes import GPTTrainer

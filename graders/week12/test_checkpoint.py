@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from week12_judging import params_difference
 from infracourse.grader import LabCheckFailed
+from week12_judging import params_difference
 
 NAME = "checkpoint.pt"
 

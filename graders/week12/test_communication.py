@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from week12_judging import STEPS
 from infracourse.grader import LabCheckFailed
+from week12_judging import STEPS
 
 
 @pytest.mark.check("one-allreduce-per-step")

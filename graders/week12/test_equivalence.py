@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from week12_judging import GLOBAL_BATCH, STEPS, params_difference
 from infracourse.grader import LabCheckFailed
+from week12_judging import GLOBAL_BATCH, STEPS, params_difference
 
 def _check_world(world, reference) -> None:
     params, losses = reference

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from week12_judging import GLOBAL_BATCH, SAMPLES, STEPS
 from infracourse.grader import LabCheckFailed
+from week12_judging import GLOBAL_BATCH, SAMPLES, STEPS
 
 EPOCHS = STEPS // (SAMPLES // GLOBAL_BATCH)
 

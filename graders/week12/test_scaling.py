@@ -16,10 +16,10 @@ from statistics import median
 
 import pytest
 
-from week12_judging import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS,
-                      course_step_s, params_difference, step_gaps)
 from infracourse.grader import LabCheckFailed, run_ranks
 from infracourse.kit import ddp_reference as ref
+from week12_judging import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS, course_step_s,
+                            params_difference, step_gaps)
 
 GPU_GLOBAL = 4096  # the timed GPU runs' global batch
 AGREE = 2.0  # the learner's own step time and samples/s against the course's clock of the same run (CPU noise)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from week14_judging import World
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
+from week14_judging import World
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from week14_judging import STEPS
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
+from week14_judging import STEPS
 
 SLACK_S = 0.5  # the judge polls the log every 5 ms; a loaded machine delays its reading
 

@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from week15_judging import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, models, seeded_config
 from infracourse.grader import LabCheckFailed, in_worker
-from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.generate import seeded_prompts
+from infracourse.kit.gpt import GPTConfig
+from week15_judging import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, models, seeded_config
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 LARGE = [GPTConfig(vocab_size=32000, seq_len=4096, d_model=4096, n_head=32, n_kv_head=8, n_layer=32),   # GQA 8B

@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from week15_judging import call_generate, models, seeded_config
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.generate import greedy_generate, seeded_prompts
+from week15_judging import call_generate, models, seeded_config
 
 RTOL, ATOL = 1e-4, 1e-4
 

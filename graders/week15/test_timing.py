@@ -14,10 +14,10 @@ call gets a fresh seeded prompt and its tokens are checked against full recomput
 
 import pytest
 
-from week15_judging import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, follows_greedy, models
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import generate
 from infracourse.kit.generate import greedy_generate, seeded_prompts
+from week15_judging import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, follows_greedy, models
 
 REPEATS = 5
 

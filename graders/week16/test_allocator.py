@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from week16_judging import JudgeAllocator, attempt, checked_state
 from infracourse.grader import LabCheckFailed
+from week16_judging import JudgeAllocator, attempt, checked_state
 
 OPS = 120
 

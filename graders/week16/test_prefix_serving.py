@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from infracourse.grader import LabCheckFailed
-from infracourse.kit import intra_op
-from infracourse.kit import paged_generation as pg
+from infracourse.kit import intra_op, paged_generation as pg
 from infracourse.kit.generate import greedy_generate
 from infracourse.kit.threads import intra_op_threads
 

@@ -20,7 +20,8 @@ import pytest
 from infracourse.grader import serving
 from infracourse.kit import batching
 from infracourse.kit.threads import intra_op_threads
-from week17_judging import Served, keep_phase, phase_burst, phase_disconnect, phase_load, phase_starvation, phase_timeout
+from week17_judging import (Served, keep_phase, phase_burst, phase_disconnect, phase_load, phase_starvation,
+                            phase_timeout)
 
 
 @pytest.fixture(scope="session")

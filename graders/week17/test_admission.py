@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from week17_judging import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
 from infracourse.grader import LabCheckFailed
+from week17_judging import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
 
 
 @pytest.mark.check("backpressure")

@@ -2,8 +2,8 @@
 mid-stream is aborted at once (its blocks free long before its generation could have ended)."""
 import pytest
 
-from week17_judging import check_outputs
 from infracourse.grader import LabCheckFailed
+from week17_judging import check_outputs
 
 
 @pytest.mark.check("blocks-freed")

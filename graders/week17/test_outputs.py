@@ -3,9 +3,9 @@ greedy generation (kit.generate, one request at a time) produces; the judge's me
 for the report."""
 import pytest
 
-from week17_judging import check_outputs, tokens_of
 from infracourse.kit import batching
 from infracourse.kit.loadgen import serving_cost
+from week17_judging import check_outputs, tokens_of
 
 
 @pytest.mark.check("greedy-outputs")

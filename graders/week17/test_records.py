@@ -2,10 +2,10 @@
 a real run of the load point, and every figure of the report recomputes from them."""
 import pytest
 
-from week17_judging import PERCENTILES, check_outputs
 from infracourse.grader import LabCheckFailed, read_figures
 from infracourse.kit import batching
 from infracourse.kit.loadgen import compute_metrics, read_records, serving_cost
+from week17_judging import PERCENTILES, check_outputs
 
 RECORDS = "records.json"
 TOLERANCE = 0.01  # relative; the report rounds

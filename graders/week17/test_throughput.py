@@ -5,8 +5,8 @@ once more, back to back. The throughput is compared at no worse P99 TTFT: a sche
 by making requests wait for their first token has not beaten static batching."""
 import pytest
 
-from week17_judging import load_point
 from infracourse.grader import LabCheckFailed, WrongOutput
+from week17_judging import load_point
 
 TTFT_SLACK = 1.25  # P99 TTFT may exceed static batching's by this factor (two runs of a loaded machine differ)
 _attempts = []

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from week18_judging import remote_gpt, require
 from infracourse.kit import block_pool
 from infracourse.kit.gpt import GPTConfig
+from week18_judging import remote_gpt, require
 
 CFG = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=2, n_layer=2)
 NUM_BLOCKS, BLOCK_SIZE = 48, 4

@@ -13,9 +13,9 @@ quant-quality  the quantised model's logits on the fixed eval tokens equal the c
 import pytest
 import torch
 
-from week18_judging import require
 from infracourse.kit import quant_eval
 from infracourse.kit.speculative import target_model
+from week18_judging import require
 
 EPS = 1e-6  # fp32 rounding of w / scale and q * scale
 

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-from week18_judging import require
 from infracourse.grader import serving
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.loadgen import RequestSpec
+from week18_judging import require
 
 SERVE_CFG = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=2, n_layer=2)  # server.py's
 STEP_S, MAX_TOKENS, MAX_QUEUE, NUM_BLOCKS = 0.01, 6, 4, 48

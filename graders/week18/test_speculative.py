@@ -16,9 +16,9 @@ import random
 
 import pytest
 
-from week18_judging import require
 from infracourse.kit.generate import seeded_prompts
 from infracourse.kit.speculative import CountedModel, batched_greedy, draft_model, replay, target_model
+from week18_judging import require
 
 N_NEW = 40
 SPEED_K, SPEED_NEW, BATCHES = 4, 32, (1, 2, 4, 8)

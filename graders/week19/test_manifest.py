@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from week19_judging import check_manifest
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import datapipe
 from infracourse.kit.datapipe import PREFETCH
+from week19_judging import check_manifest
 
 
 @pytest.mark.check("manifest-hash")

@@ -10,9 +10,9 @@ not holding data; RLIMIT_DATA counts private writable memory (the heap and anony
 shard bytes and batches live; Linux 4.7+), and MALLOC_ARENA_MAX=2 keeps the reservations few."""
 import pytest
 
-from week19_judging import Built, check_manifest
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH, STREAM
+from week19_judging import Built, check_manifest
 
 BUDGET = 48 * 2 ** 20
 PAUSE_S = 1.5  # after the first batch

@@ -5,9 +5,9 @@ load_state_dict() in a FRESH process: the resumed stream must hand out exactly t
 had not, in the same order."""
 import pytest
 
-from week19_judging import flat
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.datapipe import PREFETCH
+from week19_judging import flat
 
 STEP_S = 0.3  # the training step between receiving batch k and saving: a prefetcher runs ahead meanwhile
 

@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from week19_judging import flat
 from infracourse.grader import LabCheckFailed
+from week19_judging import flat
 
 
 @pytest.mark.check("shards-disjoint")

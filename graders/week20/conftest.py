@@ -18,8 +18,8 @@ import pytest
 
 from infracourse.grader import LabCheckFailed, output, serving
 from infracourse.kit import service_kit as sk
-from week20_judging import (JUDGE_CFG, LOAD_DELAY_S, Served, keep_phase, phase_burst, phase_deadline, phase_final, phase_rate,
-                            phase_readiness, teach_from_log)
+from week20_judging import (JUDGE_CFG, LOAD_DELAY_S, Served, keep_phase, phase_burst, phase_deadline, phase_final,
+                            phase_rate, phase_readiness, teach_from_log)
 
 
 @pytest.fixture(scope="session")

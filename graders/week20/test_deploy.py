@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from week20_judging import FILES, JUDGE_CFG, expect_tokens, teach_from_log
-from infracourse.grader import LabCheckFailed, output, server_environment, serving
 from infracourse import sandbox
+from infracourse.grader import LabCheckFailed, output, server_environment, serving
 from infracourse.kit import service_kit as sk
+from week20_judging import FILES, JUDGE_CFG, expect_tokens, teach_from_log
 
 RUN_BLOCK = re.compile(r"^```[ \t]*(?:sh|bash|shell)[ \t]+run[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 

@@ -1,8 +1,8 @@
 """Liveness and readiness: /health answers while the model loads, /ready only once it is loaded."""
 import pytest
 
-from week20_judging import LOAD_DELAY_S, expect_tokens
 from infracourse.grader import LabCheckFailed
+from week20_judging import LOAD_DELAY_S, expect_tokens
 
 
 @pytest.mark.check("readiness")

@@ -24,11 +24,10 @@ import re
 import pytest
 
 from infracourse.grader import LabCheckFailed, serving
-from infracourse.kit import batching
-from infracourse.kit import platform_service as ps
+from infracourse.kit import batching, platform_service as ps
 from infracourse.kit.threads import intra_op_threads
-from week21_judging import (DIAG_FAULTS, DROP_RATE, V2_FAULTS, Graded, Scenario, keep_phase, phase_capacity, phase_classes,
-                            phase_deploy, phase_recovery, read_capacity, run_scenario, short_scratch)
+from week21_judging import (DIAG_FAULTS, DROP_RATE, V2_FAULTS, Graded, Scenario, keep_phase, phase_capacity,
+                            phase_classes, phase_deploy, phase_recovery, read_capacity, run_scenario, short_scratch)
 
 
 @pytest.fixture(scope="session")

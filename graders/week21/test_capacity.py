@@ -2,10 +2,10 @@
 shared machine) and breaks it at 1.15x: the claim is within about 15 % of the real ceiling."""
 import pytest
 
-from week21_judging import CAPACITY_ABOVE, CAPACITY_BELOW, check_outputs
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost
+from week21_judging import CAPACITY_ABOVE, CAPACITY_BELOW, check_outputs
 
 SLO = f"TTFT <= {ps.CAPACITY_SLO_MS['ttft']:g} ms and TPOT <= {ps.CAPACITY_SLO_MS['tpot']:g} ms"
 

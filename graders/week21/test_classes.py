@@ -2,8 +2,8 @@
 clock: class B's P99 time to first token, its requests sent while 60 of class A wait."""
 import pytest
 
-from week21_judging import CLASS_B_REQUESTS, FLOOD_A, check_outputs
 from infracourse.grader import LabCheckFailed
+from week21_judging import CLASS_B_REQUESTS, FLOOD_A, check_outputs
 
 
 @pytest.mark.check("class-isolation")

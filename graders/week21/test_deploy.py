@@ -2,8 +2,8 @@
 back; afterwards v1 answers, no v2 process runs, and the judge's requests did not fail meanwhile."""
 import pytest
 
-from week21_judging import DEPLOY_REQUESTS, ROLLBACK_WINDOW_S, check_outputs
 from infracourse.grader import LabCheckFailed
+from week21_judging import DEPLOY_REQUESTS, ROLLBACK_WINDOW_S, check_outputs
 
 FAIL_BOUND = 0.05  # of the judge's requests during the rollout
 

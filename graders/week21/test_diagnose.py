@@ -3,8 +3,8 @@ a flood of requests, a dependency that slows every step), the learner's diagnose
 says when it began, from the service's own logs and the judge's scrapes of its metrics alone."""
 import pytest
 
-from week21_judging import DIAG_FAULTS, DIAG_TOLERANCE_S
 from infracourse.grader import LabCheckFailed
+from week21_judging import DIAG_FAULTS, DIAG_TOLERANCE_S
 
 
 @pytest.mark.check("diagnose-faults")

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from week21_judging import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, check_outputs
 from infracourse.grader import LabCheckFailed
+from week21_judging import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, check_outputs
 
 CPU_READY_S = 20.0  # on a GPU machine the same bound: the service's start is an import and a tiny model
 
