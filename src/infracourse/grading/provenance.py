@@ -70,13 +70,13 @@ def require_own_kernel(fn, graded: str | None = None, *, backward: bool = False)
     snapshot is its worker's, and `graded` ('vector_ops.add') defaults to the name it was reached by. An
     object a course probe built in the worker (kit.probes.ForwardBackward) has no such name: its files are
     still scanned. With `backward`, every torch.autograd.Function it applies must launch a kernel in forward
-    and in backward. A local function (the engine's own tests) is not learner code and passes.
+    and in backward.
     perf.timed(require_kernel=True) calls it as `require_own_kernel(fn)`, after the timed batch's checks."""
     from infracourse.grading.kernel_reach import kernel_findings
     from infracourse.grading.remote import RemoteObject
 
-    if not isinstance(fn, RemoteObject):
-        return
+    if not isinstance(fn, RemoteObject):  # fail closed: only a learner object has files to read
+        raise TypeError(f"require_own_kernel reads a learner function's files, not {type(fn).__name__}'s")
     root = fn._worker.learner_dir
     findings = read_sources(root, native_code=fn._worker.native_code)
     graded = graded or _import_path(fn)
