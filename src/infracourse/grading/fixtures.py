@@ -20,15 +20,17 @@ from pathlib import Path
 
 import pytest
 
+from infracourse.grading.provenance import native_code_allowed
+from infracourse.grading.remote import Worker
 from infracourse.grading.results import Figure, FigureError, figures_of
+from infracourse.guard import LabCheckFailed
+from infracourse.hardware import calibrate, detect
 
 CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at collection
 
 
 @functools.lru_cache(maxsize=1)
 def current_hardware():
-    from infracourse.hardware import detect
-
     return detect()
 
 
@@ -41,9 +43,6 @@ class Learner:
     def worker(self):
         """The sandboxed process that runs the learner's code, started on first use."""
         if self.session.worker is None:
-            from infracourse.grading.provenance import native_code_allowed
-            from infracourse.grading.remote import Worker
-
             session = self.session
             worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
             worker.hung = session.hung
@@ -60,8 +59,6 @@ class Learner:
         """A file of the snapshot. Symbolic links are refused: the snapshot holds the learner's own files only."""
         path = self.root / name
         if path.is_symlink():
-            from infracourse.guard import LabCheckFailed
-
             raise LabCheckFailed(f"{name} is a symbolic link: submit the file itself")
         return path
 
@@ -86,8 +83,6 @@ def device(hardware) -> str:
 
 @pytest.fixture(scope="session")
 def ceilings(hardware):
-    from infracourse.hardware import calibrate
-
     return calibrate(hardware)
 
 
