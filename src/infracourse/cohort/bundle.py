@@ -141,8 +141,8 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
                           "and this workspace has no track chosen: choose yours (`infracourse track list`, then "
                           "`infracourse track choose NAME`), grade the week, then submit")
     lab = course.lab(week, track=track)
-    config = _config(workspace)
-    secret = _secret(workspace, config, secret_file)
+    config = workspace_config(workspace)
+    secret = signing_secret(workspace, config, secret_file)
     who = learner or config.get("learner") or (secret and secret[0])
     if not who:
         raise BundleError(workspace.meta / "config.yaml", "submit", "no learner id: pass `--learner ID` (your "
@@ -242,7 +242,8 @@ def graders_digest(lab: LabDir) -> str:
     return digest.hexdigest()
 
 
-def _config(workspace: Workspace) -> dict:
+def workspace_config(workspace: Workspace) -> dict:
+    """The workspace's settings (.infracourse/config.yaml; {} without one); fails naming the line if not YAML."""
     config = workspace.meta / "config.yaml"
     try:
         data = yaml.safe_load(config.read_text()) if config.exists() else {}
@@ -254,7 +255,7 @@ def _config(workspace: Workspace) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _secret(workspace: Workspace, config: dict, secret_file: Path | None) -> tuple[str, bytes] | None:
+def signing_secret(workspace: Workspace, config: dict, secret_file: Path | None) -> tuple[str, bytes] | None:
     """(learner, key) from `--secret-file` or the config's `secret:` line; None when neither is given."""
     where: Path = secret_file or workspace.meta / "config.yaml"
     try:

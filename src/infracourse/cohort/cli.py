@@ -88,7 +88,7 @@ def feedback_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
             _, key = roster.parse_secret(secret_file.read_text())
         else:
             ws = Workspace.find(workspace)
-            found = bundle._secret(ws, bundle._config(ws), None)
+            found = bundle.signing_secret(ws, bundle.workspace_config(ws), None)
             if found is None:
                 raise roster.RosterError(f"{ws.meta / 'config.yaml'} has no `secret:` line: pass --secret-file with "
                                          "the secret your instructor sent you")
@@ -185,7 +185,7 @@ def import_(bundles: List[str] = typer.Argument(..., help="Submission .zip files
                                      "one writing (measured: no faster on 2 cores, where writing is the bottleneck)."),
             gradebook_file: Path = GradebookOpt):
     """Validate bundles and record them; each bad one is rejected with its reason."""
-    if received_at is not None and deadlines._when(received_at) is None:
+    if received_at is not None and deadlines.parse_time(received_at) is None:
         err.print(f"[red]error:[/red] --received-at {escape(received_at)!r} is not a time like 2026-02-02T23:59:00Z")
         raise typer.Exit(2)
     with _reported():
