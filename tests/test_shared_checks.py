@@ -42,14 +42,11 @@ def _course_with_report(tmp_path, graders: str):
 
 
 @pytest.fixture(scope="module")
-def cpu():
-    hw = detect()
-    if hw.gpu_count:
-        pytest.skip("these tests expect the fixture course's on-gpu check to be blocked")
-    return hw
+def machine():
+    return detect()
 
 
-def test_the_report_check_is_collected_from_lab_yaml_and_run(tmp_path, cpu):
+def test_the_report_check_is_collected_from_lab_yaml_and_run(tmp_path, machine):
     """No grader file names the report check; the plugin collects it because lab.yaml has a report, and it runs
     with that spec: a learner without report.md fails it, naming the file."""
     course = _course_with_report(tmp_path, GRADER)
@@ -58,13 +55,13 @@ def test_the_report_check_is_collected_from_lab_yaml_and_run(tmp_path, cpu):
     learner = tmp_path / "learner"
     learner.mkdir()
     (learner / "probe.py").write_text(PROBE)
-    checks = {c.id: c for c in grade(course, "week01", learner, hardware=cpu).checks}
+    checks = {c.id: c for c in grade(course, "week01", learner, hardware=machine).checks}
     assert checks["answers"].status == "passed", checks["answers"].message
     assert checks["report"].status == "failed" and "report.md is missing" in checks["report"].message, \
         (checks["report"].status, checks["report"].message)
 
 
-def test_a_grader_of_its_own_for_a_shared_check_is_refused(tmp_path, cpu):
+def test_a_grader_of_its_own_for_a_shared_check_is_refused(tmp_path, machine):
     """Two tests would decide the report check (the runner keeps the first verdict): dev check names it, and a
     grade errors instead of passing."""
     own = GRADER + '\n\n@pytest.mark.check("report")\ndef test_report_again(learner):\n    pass\n'
@@ -74,5 +71,5 @@ def test_a_grader_of_its_own_for_a_shared_check_is_refused(tmp_path, cpu):
     learner = tmp_path / "learner"
     learner.mkdir()
     (learner / "probe.py").write_text(PROBE)
-    report = {c.id: c for c in grade(course, "week01", learner, hardware=cpu).checks}["report"]
+    report = {c.id: c for c in grade(course, "week01", learner, hardware=machine).checks}["report"]
     assert report.status == "error" and "one test per check" in report.message, (report.status, report.message)
