@@ -15,8 +15,8 @@ only, all set by the runner:
 A grader test names its check with `@pytest.mark.check("id")`; grading.fixtures gives it the learner's
 code, the hardware, the calibrated ceilings and `record` for measured figures. The checks labs share (the
 report, a project's five) are not grader files: this plugin collects them from the package, as lab.yaml asks
-(grading.shared), beside the week's own grader files. The runner, not this plugin,
-has the last word on `blocked`, `requires` and completion.
+(grading.shared), beside the week's own grader files. The runner, not this plugin, has the last word on
+`blocked`, `requires` and completion.
 """
 from __future__ import annotations
 
