@@ -14,7 +14,8 @@ import pytest
 
 from infracourse.cohort import synthetic
 from infracourse.cohort.gradebook import Gradebook, GradebookError
-from infracourse.cohort.regrade import compare, regrade
+from infracourse.cohort.outcome import compare
+from infracourse.cohort.regrade import regrade
 from infracourse.grading.results import CheckResult, GradeResult
 
 from cohort_support import dump, members, rezip

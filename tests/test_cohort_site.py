@@ -27,7 +27,7 @@ from infracourse.cohort.bundle import graders_digest, write_bundle
 from infracourse.cohort.export import export
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.publish import PublishError, publish
-from infracourse.cohort.regrade import compare
+from infracourse.cohort.outcome import compare
 from infracourse.course import Course
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -367,7 +367,7 @@ def test_a_watched_call_fails_on_the_files_an_unwatched_one_runs(tmp_path):
 
 # ---------------------------------------------------------------- flagged for the instructor in a regrade
 def test_regrade_stores_and_shows_the_findings_of_a_bundle(tmp_path):
-    from infracourse.cohort import regrade, synthetic
+    from infracourse.cohort import outcome, synthetic
     from infracourse.cohort.cli import _flagged
     from infracourse.grading.results import GradeResult
 
@@ -381,7 +381,7 @@ def test_regrade_stores_and_shows_the_findings_of_a_bundle(tmp_path):
     for name, source in (("clean", synthetic.SOLUTION), ("forged", forged)):
         path = synthetic.write_bundle(tmp_path / f"{name}.zip", fields, {"answer.py": source.encode()},
                                       claimed.as_dict())
-        outcomes[name] = regrade.grade_submission(course, 1, "week01", path.read_bytes, hardware=hardware)
+        outcomes[name] = outcome.grade_submission(course, 1, "week01", path.read_bytes, hardware=hardware)
     assert outcomes["clean"].verified.complete and outcomes["clean"].verified.provenance == []
     flagged = outcomes["forged"].verified
     assert flagged.complete, "the checks pass: the flag is for the instructor to read the file"

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from infracourse.course import Course
-from infracourse.syllabus import CourseFileError, json_schema, load_lab, load_syllabus, normalise_week
+from infracourse.schema import json_schema
+from infracourse.syllabus import CourseFileError, load_lab, load_syllabus, normalise_week
 
 from conftest import REPO
 

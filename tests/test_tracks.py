@@ -13,7 +13,8 @@ from conftest import REPO
 from infracourse.completion import MET, MET_TO_VERIFY, NOT_MET, certificate, completion, verify_certificate
 from infracourse.course import Course, NoTrackChosen
 from infracourse.grading.estimate import check_formula, check_measured
-from infracourse.grading.project import check_lock, parse_data, parse_evidence, pin_lock, read_project
+from infracourse.grading.project import parse_data, parse_evidence
+from infracourse.grading.project_files import check_lock, pin_lock, read_project
 from infracourse.grading.results import CheckResult, GradeResult
 from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.hardware import detect

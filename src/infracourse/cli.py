@@ -26,7 +26,7 @@ from infracourse.safe_text import escape
 
 
 def Course(*args, **kwargs):  # noqa: N802 - the course (and pydantic with it) is loaded on first use only
-    from infracourse.course import Course as _Course
+    from infracourse.course import Course as _Course  # why: start-up: loaded on use, not when the CLI starts
 
     return _Course(*args, **kwargs)
 
@@ -114,7 +114,7 @@ def _guarded(command):
         except Exception as exc:
             from infracourse.progress import ProgressError
             from infracourse.syllabus import CourseFileError
-            from infracourse.workspace import WorkspaceError
+            from infracourse.workspace import WorkspaceError  # why: start-up: loaded on use, not when the CLI starts
 
             if isinstance(exc, (WorkspaceError, ProgressError, CourseFileError)):
                 _fail(str(exc))
@@ -141,6 +141,7 @@ def _command(*args, **kwargs):
 
 
 def _instructor_commands() -> dict:
+    # why: start-up: loaded on use, not when the CLI starts
     from infracourse.cohort.cli import cohort_app, feedback_command, release_command, submit_command
 
     holder = typer.Typer()
@@ -166,7 +167,7 @@ def _options(workspace: Optional[Path] = WorkspaceOpt,
 
 
 def _context(workspace: Optional[Path]):
-    from infracourse.workspace import Workspace
+    from infracourse.workspace import Workspace  # why: start-up: loaded on use, not when the CLI starts
 
     ws = Workspace.find(workspace or _global["workspace"])
     if ws.progress.notice:
@@ -188,7 +189,7 @@ def _week(course, ref: Optional[str], ws=None):
 @_command()
 def init(folder: Path = typer.Argument(..., help="Folder for the workspace (created if missing).")):
     """Create a workspace: a config and a progress database under FOLDER/.infracourse/."""
-    from infracourse.workspace import Workspace
+    from infracourse.workspace import Workspace  # why: start-up: loaded on use, not when the CLI starts
 
     ws = Workspace.init(folder)
     console.print(f"Workspace ready at [bold]{escape(str(ws.root))}[/bold]. "
@@ -222,7 +223,7 @@ def unlock(week: str = typer.Argument(..., help="week07, 7 or w7"), workspace: O
 @_guarded
 def track_list(workspace: Optional[Path] = WorkspaceOpt):
     """The tracks of weeks 22-24: what each project is, and which one you chose."""
-    from infracourse.workspace import Workspace, WorkspaceError
+    from infracourse.workspace import Workspace, WorkspaceError  # why: start-up: loaded on use, not when the CLI starts
 
     try:
         chosen = Workspace.find(workspace or _global["workspace"]).track
@@ -270,6 +271,7 @@ def status(workspace: Optional[Path] = WorkspaceOpt, as_json: bool = typer.Optio
 
 def _drill_status(ws) -> dict:
     """The start self-test's suggestion and the drills' record (infracourse.drills), for `status`."""
+    # why: start-up: loaded on use, not when the CLI starts
     from infracourse.drills.selftest import summary_line
     from infracourse.drills.session import by_topic, history_line
 
@@ -281,7 +283,7 @@ def _drill_status(ws) -> dict:
 def _completion(ws, course, as_json: bool, out: Optional[Path]) -> None:
     import yaml
 
-    from infracourse import completion as done
+    from infracourse import completion as done  # why: start-up: loaded on use, not when the CLI starts
 
     results = {w.id: r for w in course.syllabus.weeks if (r := ws.progress.last_grade(w.id)) is not None}
     config = yaml.safe_load((ws.meta / "config.yaml").read_text()) or {}
@@ -333,6 +335,7 @@ def _week_folder(ws, week) -> Path:
 def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = None, pattern: Optional[str] = None):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # why: start-up: loaded on use, not when the CLI starts
     from infracourse.grading.runner import grade as run_grade
     from infracourse.grading.selection import SelectionError, named_checks, with_prerequisites
 
@@ -390,7 +393,7 @@ def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
           interval: float = typer.Option(0.5, help="Seconds between looks at the files."),
           check: Optional[list[str]] = CheckOpt, pattern: Optional[str] = PatternOpt):
     """Regrade whenever a file in the week's folder is saved (Ctrl-C to stop); --check / -k as for grade."""
-    from infracourse.watch import watch_loop
+    from infracourse.watch import watch_loop  # why: start-up: loaded on use, not when the CLI starts
 
     ws, course = _context(workspace)
     w = _week(course, week, ws)
@@ -421,7 +424,7 @@ def run(week: Optional[str] = WeekArg,
     """Run your command on the week's files as a grade runs your code: TRITON_INTERPRET=1 without a GPU, the
     grader's environment and sandbox. Nothing is graded; the exit code is your command's."""
     from infracourse.grading.tryout import run_like_a_grade
-    from infracourse.hardware import detect
+    from infracourse.hardware import detect  # why: start-up: loaded on use, not when the CLI starts
 
     ws, course = _context(workspace)
     command = list(command or [])
@@ -437,7 +440,7 @@ def measure(week: Optional[str] = WeekArg, workspace: Optional[Path] = Workspace
     """Measure the figures your report states as the grader does, on this machine and your code, and write them
     into report.md's figures block (the diff is shown). The grade it takes is not recorded."""
     from infracourse.grading.measure import diff, figures_of_grade, measuring_checks, write_figures
-    from infracourse.failures import LabCheckFailed
+    from infracourse.failures import LabCheckFailed  # why: start-up: loaded on use, not when the CLI starts
 
     ws, course = _context(workspace)
     w = _week(course, week, ws)
@@ -466,7 +469,7 @@ def report(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceO
     """Write this machine's environment into the week's report.md."""
     from infracourse.grading.report import stamp_environment
     from infracourse.failures import LabCheckFailed
-    from infracourse.hardware import detect
+    from infracourse.hardware import detect  # why: start-up: loaded on use, not when the CLI starts
 
     ws, course = _context(workspace)
     w = _week(course, week, ws)
@@ -490,6 +493,7 @@ def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure th
                                      "and the GPUs, minutes and memory to rent for it."),
            workspace: Optional[Path] = WorkspaceOpt):
     """Versions, GPU, tier, what will be blocked here; --calibrate measures this GPU's ceilings."""
+    # why: start-up: loaded on use, not when the CLI starts
     from infracourse.hardware import calibrate as run_calibration
     from infracourse.hardware import cached_ceilings, detect, toolchain_warnings
 
@@ -505,7 +509,7 @@ def doctor(calibrate: bool = typer.Option(False, "--calibrate", help="Measure th
     else:
         ceilings = cached_ceilings(hw) if hw.gpu_count else None
     blocked = views.blocked_checks(Course(), hw)
-    from infracourse import sandbox
+    from infracourse import sandbox  # why: start-up: loaded on use, not when the CLI starts
 
     confined = sandbox.status()
     if as_json:
@@ -526,7 +530,7 @@ def _plan(hw, workspace: Optional[Path], as_json: bool) -> None:
     from dataclasses import asdict
 
     from infracourse.plan import plan, rent_total
-    from infracourse.workspace import Workspace, WorkspaceError
+    from infracourse.workspace import Workspace, WorkspaceError  # why: start-up: loaded on use, not when the CLI starts
 
     try:  # inside a workspace: the weeks not yet passed, and the chosen track's project
         ws = Workspace.find(workspace or _global["workspace"])
@@ -547,7 +551,7 @@ def _plan(hw, workspace: Optional[Path], as_json: bool) -> None:
 def syllabus(week: Optional[str] = typer.Argument(None), schema: bool = typer.Option(False, "--schema")):
     """The course's weeks (or one week in full); --schema prints the JSON Schema of the course files."""
     if schema:
-        from infracourse.syllabus import json_schema
+        from infracourse.schema import json_schema  # why: start-up: loaded on use, not when the CLI starts
 
         print(json.dumps(json_schema(), indent=1))
         return
@@ -566,7 +570,7 @@ _register_drills(app, _command, _context, _fail)
 @_guarded
 def dev_check(week: Optional[str] = typer.Argument(None, help="One week (default: every built lab).")):
     """For course authors: hints exist, no stray files, starter fails, solution passes."""
-    from infracourse.dev import check_course
+    from infracourse.dev import check_course  # why: start-up: loaded on use, not when the CLI starts
 
     problems = check_course(Course(), week, log=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
     for problem in problems:

@@ -17,15 +17,15 @@ from typing import Callable
 
 from infracourse import kit_access
 from infracourse.course import Course, LabDir
+from infracourse.drills import audit
+from infracourse.grading.report import stamp_environment
+from infracourse.grading.runner import grade as grade_lab
+from infracourse.grading.shared import shared_tests
+from infracourse.hardware import detect
 from infracourse.syllabus import CourseFileError
 
 STRAY = re.compile(r"(__pycache__|\.pyc$|\.DS_Store$|~$|\.swp$|\.ipynb_checkpoints|\.backup-|\.grade)")
 CHECK_MARK = re.compile(r"""mark\.check\(\s*["']([a-z0-9-]+)["']""")
-REPORT_IMPORT = re.compile(r"^from infracourse\.grading\.report_check import test_report\b", re.M)
-PROJECT_IMPORT = re.compile(r"^from infracourse\.grading\.project import ([\w, ]+)", re.M)
-PROJECT_TESTS = {"test_environment_pinned": "environment-pinned", "test_run_command": "run-command",
-                 "test_project_plan": "project-plan", "test_bottleneck_evidence": "bottleneck-evidence",
-                 "test_project_report": "report"}
 
 
 def _names(folder: Path) -> set[str]:
@@ -52,14 +52,14 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
     missing = [f for f in spec.files if f not in starter]
     if missing:
         problems.append(f"{where}/lab.yaml: files {missing} are not in starter/")
-    marked = set()
+    shared = set(shared_tests(spec))  # the shared checks lab.yaml asks for (the report, a project's five)
+    own = set()
     for test in lab.graders.glob("test_*.py"):
-        text = test.read_text()
-        marked |= set(CHECK_MARK.findall(text))
-        if REPORT_IMPORT.search(text):
-            marked.add("report")  # the one report checker, collected from the lab's graders
-        for names in PROJECT_IMPORT.findall(text):  # a project's generic checks (grading.project)
-            marked |= {PROJECT_TESTS[n.strip()] for n in names.split(",") if n.strip() in PROJECT_TESTS}
+        own |= set(CHECK_MARK.findall(test.read_text()))
+    if own & shared:
+        problems.append(f"{lab.graders}: tests decide checks {sorted(own & shared)}, which the shared checks "
+                        "(infracourse.grading.shared) already decide: one test per check; remove the week's own")
+    marked = own | shared
     ids = {c.id for c in spec.checks}
     marked -= set(spec.later)  # a project's checks of later weeks
     if ids - marked:
@@ -80,10 +80,6 @@ def static_problems(course: Course, lab: LabDir) -> list[str]:
 
 
 def grading_problems(course: Course, lab: LabDir) -> list[str]:
-    from infracourse.grading.report import stamp_environment
-    from infracourse.grading.runner import grade
-    from infracourse.hardware import detect
-
     hw = detect()
     problems = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +88,7 @@ def grading_problems(course: Course, lab: LabDir) -> list[str]:
             shutil.copytree(getattr(lab, side), folder)
             if side == "solution" and lab.spec.report:
                 stamp_environment(folder / lab.spec.report, hw)
-            result = grade(course, lab, folder, hardware=hw)
+            result = grade_lab(course, lab, folder, hardware=hw)
             if side == "starter" and result.complete:
                 problems.append(f"{lab.starter}: the untouched starter completes the week; its checks cannot fail")
             if side == "solution" and not result.complete:
@@ -118,8 +114,6 @@ def check_course(course: Course, week: str | None = None, *, grade: bool = True,
         if grade:
             problems += grading_problems(course, lab)
     if not week:  # the drill files: weeks, measured checks and every estimate's formula over many draws
-        from infracourse.drills import audit
-
         log("checking the drills (curriculum/drills)")
         problems += audit.problems(course)
     return problems

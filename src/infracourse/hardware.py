@@ -15,6 +15,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from infracourse import bench
+
 CALIBRATION_VERSION = 1
 
 
@@ -113,6 +115,7 @@ def toolchain_warnings(hw: "Hardware") -> list[str]:
     C compiler is on PATH (week 1 builds a C loop)."""
     import shutil
 
+    # why: kit.data imports this module inside a week's sandbox, whose kit view may lack kit.native
     from infracourse.kit.native import NO_C_COMPILER
 
     warnings = [] if shutil.which("cc") else [NO_C_COMPILER]
@@ -272,8 +275,6 @@ def calibrate(hw: Hardware, *, force: bool = False) -> Ceilings:
     import time
 
     import torch
-
-    from infracourse import bench
 
     start = time.perf_counter()
     n = 1 << 28  # 1 GiB of fp32 each way: far larger than any L2

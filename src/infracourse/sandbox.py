@@ -33,6 +33,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import infracourse
+from infracourse import kit_access
+from infracourse.course import default_course_root
+from infracourse.syllabus import CourseFileError
+
 # System folders the interpreter, its shared libraries and the CUDA driver need (read-only).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/alternatives",
                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
@@ -111,8 +116,6 @@ def python_dirs() -> list[str]:
 
 def engine_dir() -> Path:
     """The infracourse package in use: the only part of its install that is mounted (see _engine_args)."""
-    import infracourse
-
     return Path(infracourse.__file__).resolve().parent
 
 
@@ -121,9 +124,6 @@ def course_places() -> list[Path]:
     the course (a checkout, a release copy, a wheel's _course), `infracourse` folders of the Python
     environment (an editable install leaves the course's files there), PYTHONPATH entries, the judge's working
     folder."""
-    from infracourse.course import default_course_root
-    from infracourse.syllabus import CourseFileError
-
     places = [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     places += [Path(d) / "infracourse" for d in python_dirs()]
     try:
@@ -164,8 +164,6 @@ def _mount_args() -> list[str]:
 def _engine_args() -> list[str]:
     """The engine package read-only, without the course a wheel ships in it, and with only this week's kit
     modules (kit_access: the runner names them; outside a grade, the whole kit)."""
-    from infracourse import kit_access
-
     engine = engine_dir()
     args = ["--ro-bind", str(engine), str(engine)]
     if (engine / "_course").is_dir():
@@ -182,8 +180,6 @@ def _kit_view(visible: tuple[str, ...], handout: tuple[str, ...]) -> Path:
     kit/ as one folder: binding each module would name them in bwrap's command line, where the judge looks for
     course processes by name (a service's module name would match the sandbox itself). It lives in the
     judge's temporary folder, which the runner removes with the grade."""
-    from infracourse import kit_access
-
     view = Path(tempfile.mkdtemp(prefix="infracourse-kit-"))
     atexit.register(shutil.rmtree, view, ignore_errors=True)
     (view / "__pycache__").mkdir()

@@ -13,6 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from infracourse.kit_access import kit_modules
+
 FORMAT_VERSION = 1
 WEEK_ID = re.compile(r"^week(0[1-9]|1[0-9]|2[0-4])$")
 PROJECT_WEEKS = ("week22", "week23", "week24")  # a track's project, graded in three stages
@@ -320,8 +322,6 @@ class Lab(_Strict):
     @field_validator("kit")
     @classmethod
     def _kit_modules(cls, value: list[str]) -> list[str]:
-        from infracourse.kit_access import kit_modules
-
         unknown = sorted(set(value) - kit_modules())
         if unknown:
             raise ValueError(f"kit names {unknown}, not modules of infracourse/kit/; use some of "
@@ -413,14 +413,3 @@ def load_track(path: Path) -> Track:
     if track.id != path.stem:
         raise CourseFileError(f"{path}: id is {track.id!r}; name the file {track.id}.yaml or change the id")
     return track
-
-
-def json_schema() -> dict:
-    return {"syllabus.yaml": Syllabus.model_json_schema(), "lab.yaml": Lab.model_json_schema(),
-            "tracks/*.yaml": Track.model_json_schema(), "drills/*.yaml": _drills_schema()}
-
-
-def _drills_schema() -> dict:
-    from infracourse.drills.content import json_schema as drills  # the drills import this module: load late
-
-    return drills()

@@ -236,9 +236,11 @@ def print_hints(console: Console, hints: list[str], total: int) -> None:
 def write_plots(folder: Path, result: GradeResult) -> list[Path]:
     """Kernel weeks get roofline and per-shape plots beside the learner's files (when figures allow)."""
     try:
+        # why: start-up: views loads with the CLI; plots and hardware only when a grade draws
         from infracourse.grading.plots import write_kernel_plots
     except ImportError:
         return []
+    # why: start-up: views loads with the CLI; plots and hardware only when a grade draws
     from infracourse.hardware import cached_ceilings, detect
 
     hw = detect() if result.tier != "cpu" else None

@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from infracourse import __version__
+from infracourse.cohort.roster import LEARNER_ID, RosterError, parse_secret
 from infracourse.course import Course, LabDir
 from infracourse.grading.results import GradeResult
 from infracourse.grading.runner import IGNORED
@@ -50,7 +51,6 @@ MAX_UNPACKED_BYTES = 64 * 2**20  # all members unpacked: a zip bomb stops here
 MAX_MEMBERS = 1000
 NONNEGATIVE_UNITS = {"s", "ms", "us", "µs", "ns", "GB/s", "TFLOP/s", "samples/s", "tokens/s", "B", "%"}
 MAX_FRACTION_OF_CEILING = 1.5  # past the device's calibrated ceiling by half: no kernel does that, a forgery does
-LEARNER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
 SHA256 = r"^[0-9a-f]{64}$"
 _GRADE = TypeAdapter(GradeResult)  # types and statuses of results.json, checked field by field
 RESEND = "ask the learner to run `infracourse submit WEEK` again and send the new .zip unchanged"
@@ -141,8 +141,8 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
                           "and this workspace has no track chosen: choose yours (`infracourse track list`, then "
                           "`infracourse track choose NAME`), grade the week, then submit")
     lab = course.lab(week, track=track)
-    config = _config(workspace)
-    secret = _secret(workspace, config, secret_file)
+    config = workspace_config(workspace)
+    secret = signing_secret(workspace, config, secret_file)
     who = learner or config.get("learner") or (secret and secret[0])
     if not who:
         raise BundleError(workspace.meta / "config.yaml", "submit", "no learner id: pass `--learner ID` (your "
@@ -242,7 +242,8 @@ def graders_digest(lab: LabDir) -> str:
     return digest.hexdigest()
 
 
-def _config(workspace: Workspace) -> dict:
+def workspace_config(workspace: Workspace) -> dict:
+    """The workspace's settings (.infracourse/config.yaml; {} without one); fails naming the line if not YAML."""
     config = workspace.meta / "config.yaml"
     try:
         data = yaml.safe_load(config.read_text()) if config.exists() else {}
@@ -254,10 +255,8 @@ def _config(workspace: Workspace) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _secret(workspace: Workspace, config: dict, secret_file: Path | None) -> tuple[str, bytes] | None:
+def signing_secret(workspace: Workspace, config: dict, secret_file: Path | None) -> tuple[str, bytes] | None:
     """(learner, key) from `--secret-file` or the config's `secret:` line; None when neither is given."""
-    from infracourse.cohort.roster import RosterError, parse_secret
-
     where: Path = secret_file or workspace.meta / "config.yaml"
     try:
         text = Path(secret_file).read_text() if secret_file else config.get("secret")

@@ -15,20 +15,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from infracourse.cohort import bundle, certificates, deadlines, export, feedback, gradebook, publish, regrade, release
-from infracourse.cohort import roster
+from infracourse.cohort import outcome, roster
 from infracourse.cohort import rubric, similarity
 from infracourse.cohort import slurm as cluster
 from infracourse.course import Course, default_course_root
 from infracourse.safe_text import escape  # every learner string shown: control characters out, markup as typed
 from infracourse.progress import ProgressError
-from infracourse.syllabus import CourseFileError
+from infracourse.syllabus import CourseFileError, normalise_week
 from infracourse.workspace import Workspace, WorkspaceError
 
 cohort_app = typer.Typer(no_args_is_help=True, help="For instructors: a gradebook of a cohort's submissions, "
                          "regraded on your machine, exported and published as a static site.")
 console = Console(soft_wrap=True)  # paths and URLs stay whole, for copying
 err = Console(stderr=True, soft_wrap=True)
-FAILURES = (regrade.UnsandboxedError, cluster.SlurmError, roster.RosterError, deadlines.DeadlineError,
+FAILURES = (outcome.UnsandboxedError, cluster.SlurmError, roster.RosterError, deadlines.DeadlineError,
             bundle.BundleError, gradebook.GradebookError, release.ReleaseError, export.ExportError,
             publish.PublishError, certificates.CertificateError, rubric.RubricError, feedback.FeedbackError, CourseFileError, WorkspaceError, ProgressError, KeyError, OSError)
 GradebookOpt = typer.Option(Path(gradebook.DEFAULT_FILE), "--gradebook", "-g",
@@ -82,15 +82,13 @@ def feedback_command(week: str = typer.Argument(..., help="week07, 7 or w7"),
                                                               help="Workspace folder (default: found from here).")):
     """Your instructor's rubric scores and comments on a week, once they publish them (`cohort publish
     --feedback`); only your secret finds and checks them."""
-    from infracourse.syllabus import normalise_week
-
     with _reported():
         week = normalise_week(week)
         if secret_file is not None:
             _, key = roster.parse_secret(secret_file.read_text())
         else:
             ws = Workspace.find(workspace)
-            found = bundle._secret(ws, bundle._config(ws), None)
+            found = bundle.signing_secret(ws, bundle.workspace_config(ws), None)
             if found is None:
                 raise roster.RosterError(f"{ws.meta / 'config.yaml'} has no `secret:` line: pass --secret-file with "
                                          "the secret your instructor sent you")
@@ -187,7 +185,7 @@ def import_(bundles: List[str] = typer.Argument(..., help="Submission .zip files
                                      "one writing (measured: no faster on 2 cores, where writing is the bottleneck)."),
             gradebook_file: Path = GradebookOpt):
     """Validate bundles and record them; each bad one is rejected with its reason."""
-    if received_at is not None and deadlines._when(received_at) is None:
+    if received_at is not None and deadlines.parse_time(received_at) is None:
         err.print(f"[red]error:[/red] --received-at {escape(received_at)!r} is not a time like 2026-02-02T23:59:00Z")
         raise typer.Exit(2)
     with _reported():
@@ -289,8 +287,6 @@ def similar_(week: Optional[str] = typer.Option(None, "--week", help="Only this 
              out: Optional[Path] = typer.Option(None, "--out", help="Also write the matches to FILE.csv."),
              gradebook_file: Path = GradebookOpt):
     """Identical and near-identical submissions of the same week (for you only: never published)."""
-    from infracourse.syllabus import normalise_week
-
     with _reported():
         matches = similarity.similar(gradebook.Gradebook(gradebook_file), Course(),
                                      week=week and normalise_week(week), threshold=threshold)
@@ -335,7 +331,6 @@ def review_(week: Optional[str] = typer.Option(None, "--week", help="Only this w
             gradebook_file: Path = GradebookOpt):
     """Score reports by the week's rubric in your browser: a local app on 127.0.0.1, one URL with a token."""
     from infracourse.cohort import review  # FastAPI's import cost only for this command
-    from infracourse.syllabus import normalise_week
 
     with _reported():
         book, course = gradebook.Gradebook(gradebook_file), Course()

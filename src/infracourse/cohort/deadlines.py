@@ -91,7 +91,7 @@ def load(gradebook_path: Path) -> CohortConfig:
 
 def lateness(config: CohortConfig, week: str, received_at: str) -> Lateness:
     deadline = config.deadlines.get(week)
-    received = _when(received_at)
+    received = parse_time(received_at)
     if deadline is None or received is None or received <= deadline:
         return Lateness()
     hours = (received - deadline).total_seconds() / 3600
@@ -112,7 +112,8 @@ def past_deadline(config: CohortConfig, week: str, now: datetime | None = None) 
     return deadline is not None and (now or datetime.now(timezone.utc)) > deadline
 
 
-def _when(stamp: str) -> datetime | None:
+def parse_time(stamp: str) -> datetime | None:
+    """An ISO time as UTC (a trailing Z, or none: UTC); None when it is not one."""
     try:
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except (ValueError, AttributeError):

@@ -21,8 +21,7 @@ import secrets
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from infracourse.cohort.bundle import LEARNER_ID
-
+LEARNER_ID = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"  # a learner's id: in the roster, a secret and a bundle's manifest
 SECRET_PREFIX = "infracourse-secret:1:"
 _SECRET = re.compile(r"^infracourse-secret:1:(?P<learner>[^:\s]+):(?P<key>[0-9a-f]{64})$")
 REQUIRED = ("id", "name", "email")

@@ -7,7 +7,7 @@ array's `%limit` throttles it natively, and the same command can be read and rer
 The instructor's process writes a job folder beside the gradebook (`.regrade-jobs/<owner>/`: each bundle,
 one JSON slice per array task; no learner file is unpacked there) and submits `python -m infracourse.cohort.slurm JOBDIR`. Each task detects its
 node's hardware, unpacks in the node's own temp dir (`workers.own_scratch`), refuses to run without a sandbox unless allowed (the same `regrade` code as a local
-worker), and for each submission of its slice marks it started, grades it (`regrade.grade_submission`) and
+worker), and for each submission of its slice marks it started, grades it (`outcome.grade_submission`) and
 writes `results/<id>.json` whole (written aside, then renamed), so a result file is complete or absent. The
 instructor's process polls, records each result file in its own transaction as it appears, then removes it.
 When the job has left the queue, a submission marked started without a result (its task died: time limit,
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from infracourse.cohort.gradebook import Gradebook, Submission
+from infracourse.cohort.outcome import Outcome, failed_outcome, grade_submission, require_sandbox
 from infracourse.cohort.workers import alive, own_scratch, owner_tag, scratch_root, sweep
 from infracourse.course import Course
 from infracourse.grading.output import last_lines, read_tail  # a task's log holds what its grades printed
@@ -135,8 +136,6 @@ def _queued(job_id: str) -> bool:
 def _collect(job: Path) -> Iterator:
     """Each whole result file present, as an Outcome; the file is removed once the caller has recorded it
     (the generator resumes only after that)."""
-    from infracourse.cohort.regrade import Outcome
-
     for path in sorted((job / "results").glob("*.json")):
         outcome = Outcome.from_dict(json.loads(path.read_text()))
         yield outcome
@@ -147,8 +146,6 @@ def _collect(job: Path) -> Iterator:
 def _finish(job: Path, course: Course, on_note) -> Iterator:
     """After the job: the last results, then each submission whose task died while grading it (`error`) and
     a note on the ones no task reached (left for the next run)."""
-    from infracourse.cohort.regrade import failed_outcome
-
     yield from _collect(job)
     hardware = detect()
     unreached = []
@@ -171,8 +168,6 @@ def _finish(job: Path, course: Course, on_note) -> Iterator:
 
 # ---------------------------------------------------------------- one array task, on a compute node
 def task(job: Path, index: int) -> None:
-    from infracourse.cohort.regrade import grade_submission, require_sandbox
-
     spec = json.loads((job / "spec.json").read_text())
     sweep()  # what killed tasks left on this node
     folder = own_scratch(scratch_root())

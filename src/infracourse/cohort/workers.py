@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from infracourse.cohort.gradebook import Gradebook, Submission
+from infracourse.cohort.outcome import Outcome, failed_outcome, grade_submission, require_sandbox
 from infracourse.course import Course
 from infracourse.hardware import Hardware
 
@@ -85,8 +86,6 @@ def run(gradebook: Gradebook, course: Course, pending: list[Submission], hardwar
         on_submission: Callable[[Submission], None] | None = None) -> Iterator:
     """Grade `pending` in `count` worker processes (GPUs shared out of `machine_gpus`); yield each Outcome as
     it comes back."""
-    from infracourse.cohort.regrade import Outcome, failed_outcome
-
     if not pending:
         return
     spec = {"course": str(course.root), "gradebook": str(gradebook.path.resolve()), "hardware": asdict(hardware),
@@ -197,8 +196,6 @@ def die_with_parent(parent: int) -> None:
 
 # ---------------------------------------------------------------- the worker's side
 def main(spec: dict) -> None:
-    from infracourse.cohort.regrade import grade_submission, require_sandbox
-
     die_with_parent(spec["parent"])
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything else printed goes to stderr; stdout carries only outcomes

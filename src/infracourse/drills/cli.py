@@ -36,6 +36,7 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
                                            "verdict) as JSON instead of asking."),
               workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Workspace folder.")):
         """Practise: estimates with fresh numbers, figures from your own grades, concept questions."""
+        # why: start-up: the engine loads when a command runs (module docstring)
         from infracourse.drills import content, session
 
         ws, course = context(workspace)
@@ -67,6 +68,7 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
                                      done.reply, done.seconds)
 
         if answer is not None:
+            # why: start-up: the engine loads when a command runs (module docstring)
             from infracourse.drills import engine
 
             outcome = engine.check(instances[0], answer)
@@ -89,6 +91,7 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
                  seed: Optional[int] = typer.Option(None, "--seed", help="Draw the same numbers again."),
                  workspace: Optional[Path] = typer.Option(None, "--workspace", "-w", help="Workspace folder.")):
         """The start self-test: which early weeks to do first and which you may skip (recorded)."""
+        # why: start-up: the engine loads when a command runs (module docstring)
         from infracourse.drills import content, engine, selftest as start, session
 
         ws, course = context(workspace)

@@ -22,7 +22,11 @@ from typing import Any, Callable
 import pytest
 
 from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.provenance import native_code_allowed
+from infracourse.grading.remote import Worker
 from infracourse.grading.results import Figure, FigureError, figures_of
+from infracourse.failures import LabCheckFailed
+from infracourse.hardware import calibrate, detect
 
 CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at collection
 
@@ -43,8 +47,6 @@ def in_worker(target: Callable[..., Any], *args: Any, **kwargs: Any) -> WorkerOb
 
 @functools.lru_cache(maxsize=1)
 def current_hardware():
-    from infracourse.hardware import detect
-
     return detect()
 
 
@@ -57,9 +59,6 @@ class Learner:
     def worker(self):
         """The sandboxed process that runs the learner's code, started on first use."""
         if self.session.worker is None:
-            from infracourse.grading.provenance import native_code_allowed
-            from infracourse.grading.remote import Worker
-
             session = self.session
             worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
             worker.hung = session.hung
@@ -81,8 +80,6 @@ class Learner:
         """A file of the snapshot. Symbolic links are refused: the snapshot holds the learner's own files only."""
         path = self.root / name
         if path.is_symlink():
-            from infracourse.failures import LabCheckFailed
-
             raise LabCheckFailed(f"{name} is a symbolic link: submit the file itself")
         return path
 
@@ -107,8 +104,6 @@ def device(hardware) -> str:
 
 @pytest.fixture(scope="session")
 def ceilings(hardware):
-    from infracourse.hardware import calibrate
-
     return calibrate(hardware)
 
 

@@ -12,6 +12,8 @@ import ast
 import builtins
 import re
 
+from infracourse.grading.findings import Finding
+
 _FRAMES = "remove it: a function needs no other function's frame or variables; pass what you need as arguments"
 _OBJECTS = "remove it: use only the objects your code made and holds (gc.collect() is fine)"
 _INSPECT = "remove it (inspect.signature is fine): your code needs no other object's frames, members or closure"
@@ -100,8 +102,6 @@ class _Reader(ast.NodeVisitor):
                 self.defined.add(node.name)
 
     def flag(self, node: ast.AST, construct: str, fix: str) -> None:
-        from infracourse.grading.provenance import Finding
-
         line = getattr(node, "lineno", 1)
         self.findings.setdefault((line, construct), Finding(self.rel, line, construct, fix))
 

@@ -105,7 +105,7 @@ class gpt_batches:  # noqa: N801
         self.cfg, self.batch, self.count, self.seed, self.device = cfg, batch, count, seed, device
 
     def __call__(self, index: int) -> tuple[Any, ...]:
-        from infracourse.kit.gpt import GPTConfig
+        from infracourse.kit.gpt import GPTConfig  # why: kit.gpt loads torch: only the GPT batch builders need it
 
         cfg = GPTConfig(**self.cfg)
         first = (self.seed * 1_000_003 + index) * self.count

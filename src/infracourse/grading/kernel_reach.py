@@ -15,6 +15,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infracourse.grading.findings import MAX_SOURCE_BYTES, Finding
+
 
 @dataclass
 class _Module:
@@ -28,8 +30,6 @@ def kernel_findings(root: Path, graded: str, *, backward: bool = False) -> list:
     """[] when `graded` ('vector_ops.add', 'rmsnorm.rms_norm') reaches a kernel launch, else one Finding saying
     where it is defined and what to do. With `backward`, every torch.autograd.Function it applies must launch
     a kernel in its forward and in its backward."""
-    from infracourse.grading.provenance import Finding
-
     modules = _modules(Path(root).resolve())
     module_name, _, qualname = graded.partition(".")
     module = modules.get(module_name)
@@ -51,8 +51,6 @@ def kernel_findings(root: Path, graded: str, *, backward: bool = False) -> list:
 
 
 def _modules(root: Path) -> dict[str, _Module]:
-    from infracourse.grading.provenance import MAX_SOURCE_BYTES
-
     found = {}
     for path in sorted(root.rglob("*.py")):
         if path.is_symlink() or "__pycache__" in path.parts or path.stat().st_size > MAX_SOURCE_BYTES:

@@ -13,11 +13,15 @@ only, all set by the runner:
   --infracourse-only       check ids, comma-separated, of a partial grade (grading.selection): the others are not
                            run; empty: every check
 A grader test names its check with `@pytest.mark.check("id")`; grading.fixtures gives it the learner's
-code, the hardware, the calibrated ceilings and `record` for measured figures. The runner, not this plugin,
-has the last word on `blocked`, `requires` and completion.
+code, the hardware, the calibrated ceilings and `record` for measured figures. The checks labs share (the
+report, a project's five) are not grader files: this plugin collects them from the package, as lab.yaml asks
+(grading.shared), beside the week's own grader files. The runner, not this plugin, has the last word on
+`blocked`, `requires` and completion.
 """
 from __future__ import annotations
 
+import bisect
+import importlib
 import json
 import os
 import sys
@@ -32,6 +36,7 @@ from infracourse.grading.fixtures import CHECK_KEY
 from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure
+from infracourse.grading.shared import SORTS_AS, shared_module
 from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "
@@ -87,6 +92,8 @@ class _Session:
         self.worker = None  # started by the `learner` fixture on first use
         self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
         self.current: str | None = None  # the check running now
+        self.shared = shared_module(self.lab)  # the shared checks lab.yaml asks for (grading.shared), or None
+        self.shared_collected = False
 
     def emit(self, **event) -> None:
         line = (json.dumps(event, default=str) + "\n").encode()
@@ -97,8 +104,25 @@ class _Session:
         if self.worker is not None:
             self.worker.close()
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector):
+        """The graders' folder (the root the runner names) yields its own files and, at the place their grader file
+        sorted before they moved into the package, the shared checks lab.yaml asks for."""
+        report = yield
+        if (self.shared is None or not report.passed or not isinstance(collector, pytest.Directory)
+                or collector.path != collector.config.rootpath):
+            return report
+        node = _SharedChecks.from_parent(collector, path=Path(self.shared.__file__), name=self.shared.__name__,
+                                         nodeid=self.shared.__name__)
+        report.result.insert(bisect.bisect([n.name for n in report.result], SORTS_AS[self.shared]), node)
+        self.shared_collected = True
+        return report
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config, items):
+        if self.shared is not None and not self.shared_collected:
+            raise pytest.UsageError(f"the shared checks of {self.shared.__name__} were not collected: the graders' "
+                                    "folder must be pytest's rootdir and its argument (`infracourse grade` runs it so)")
         known = {c.id: c for c in self.lab.checks}
         keep, deselected, owner = [], [], {}
         for item in items:
@@ -183,6 +207,14 @@ class _Session:
 
 
 _DONE = pytest.StashKey[bool]()
+
+
+class _SharedChecks(pytest.Module):
+    """The shared checks' module (grading.shared), collected as the package imported it: the same module object
+    (and state) the rest of the judge sees, never a second copy imported from its file path."""
+
+    def _getobj(self):
+        return importlib.import_module(self.name)
 
 
 def _spec(config) -> Lab:

@@ -23,26 +23,16 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from infracourse.grading.findings import MAX_SOURCE_BYTES, Finding
+from infracourse.grading.forbidden import scan_module
+from infracourse.grading.kernel_reach import kernel_findings
 from infracourse.failures import LabCheckFailed
 
 # Files Python could import or run from the snapshot that are not source this reading can check.
 OPAQUE_SUFFIXES = (".so", ".pyd", ".pyc", ".pyo", ".dylib", ".zip", ".egg", ".whl")
 NATIVE_SOURCES = (".c", ".cc", ".cpp")  # a lab that hands these out is about calling native code (week 1)
-MAX_SOURCE_BYTES = 1 << 20  # a learner's .py is a few kB: the judge reads no more than this of one
-
-
-@dataclass(frozen=True)
-class Finding:
-    file: str       # relative to the snapshot
-    line: int
-    construct: str  # what was found, as written or named
-    fix: str        # one sentence a learner can act on
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.construct}: {self.fix}"
 
 
 def native_code_allowed(lab_files: list[str]) -> bool:
@@ -72,8 +62,7 @@ def require_own_kernel(fn, graded: str | None = None, *, backward: bool = False)
     still scanned. With `backward`, every torch.autograd.Function it applies must launch a kernel in forward
     and in backward.
     perf.timed(require_kernel=True) calls it as `require_own_kernel(fn)`, after the timed batch's checks."""
-    from infracourse.grading.kernel_reach import kernel_findings
-    from infracourse.grading.remote import RemoteObject
+    from infracourse.grading.remote import RemoteObject  # why: remote imports this module (the launch rework removes it)
 
     if not isinstance(fn, RemoteObject):  # fail closed: only a learner object has files to read
         raise TypeError(f"require_own_kernel reads a learner function's files, not {type(fn).__name__}'s")
@@ -117,8 +106,6 @@ def _learner_files(root: Path) -> tuple[tuple[str, int, int], ...]:
 
 @functools.lru_cache(maxsize=32)
 def _scan_cached(root: Path, files: tuple, native_code: bool) -> tuple[Finding, ...]:
-    from infracourse.grading.forbidden import scan_module
-
     findings: list[Finding] = []
     for rel, size, _mtime in files:
         if rel.endswith(OPAQUE_SUFFIXES) or re.search(r"\.so(\.\d+)*$", rel):

@@ -9,8 +9,10 @@ facts into it with `stamp_environment`.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
+from infracourse.grading.project_files import PROJECT_BLOCK, pin_lock, read_project
 from infracourse.failures import LabCheckFailed
 from infracourse.hardware import Hardware
 
@@ -35,11 +37,14 @@ def sections(text: str) -> dict[str, str]:
     return found
 
 
+def words(text: str) -> list[str]:
+    """The words of a section, without TODO markers: a template with its TODOs deleted is still the template."""
+    return [w for w in re.findall(r"\w+", text.lower()) if w != "todo"]
+
+
 def code_commit(folder: Path) -> str:
     """The git commit the folder's files are at (+ ' with uncommitted changes'), or why there is none: 003 §8
     asks every weekly result to name the code it came from."""
-    import subprocess
-
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
 
@@ -75,8 +80,6 @@ def stamp_environment(path: Path, hardware: Hardware) -> None:
     lines = environment_lines(hardware, path.parent)
     stamped = pattern.sub(lambda m: m.group(1) + "\n" + lines + "\n\n", text, count=1)
     path.write_text(stamped, encoding="utf-8")
-    from infracourse.grading.project import PROJECT_BLOCK, pin_lock, read_project
-
     if PROJECT_BLOCK.search(stamped):  # a direction project: its lock file gets this machine's versions too
         try:
             lock = read_project(stamped, path.name).lock

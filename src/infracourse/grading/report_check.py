@@ -15,7 +15,8 @@ A report is graded on what was measured, not on how it is worded:
   configuration (`expected`). A figure whose check was blocked here (it needs hardware this machine lacks) may
   be left out and is not compared; one whose check ran but did not pass cannot be checked, so the report fails.
 
-Each graders/weekNN/test_report.py imports `test_report` from here; pytest collects it there.
+`test_report` is every weekly lab's report check (grading.shared): the grading plugin collects it from here for
+each lab whose lab.yaml has a report, beside the week's own graders.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infracourse.grading.report import PLACEHOLDER, SECTIONS, sections
+from infracourse.grading.report import PLACEHOLDER, SECTIONS, sections, words
 from infracourse.failures import LabCheckFailed
 from infracourse.hardware import Hardware
 from infracourse.syllabus import Report, ReportFigure
@@ -67,8 +68,8 @@ def check_prose(found: dict[str, str], spec: Report, template: dict[str, str], n
     if missing:
         raise LabCheckFailed(f"{name} lacks the section(s) {missing}: keep the template's '## ' headings")
     unfilled = [s for s in spec.prose
-                if len(_words(found[s])) < 3 or PLACEHOLDER.search(found[s])
-                or (template.get(s) and _words(found[s]) == _words(template[s]))]
+                if len(words(found[s])) < 3 or PLACEHOLDER.search(found[s])
+                or (template.get(s) and words(found[s]) == words(template[s]))]
     if unfilled:
         raise LabCheckFailed(f"{name}: write {unfilled} in your own words (each still holds the template's text, "
                              "a TODO or nothing)")
@@ -141,11 +142,6 @@ def _tolerance(figure: ReportFigure) -> str:
     if figure.absolute:
         parts.append(f"or {figure.absolute:g} apart")
     return "accepted " + " ".join(parts) if parts else "must match"
-
-
-def _words(text: str) -> list[str]:
-    """The words of a section, without TODO markers: a template with its TODOs deleted is still the template."""
-    return [w for w in re.findall(r"\w+", text.lower()) if w != "todo"]
 
 
 def check_report(path: Path, spec: Report, hardware: Hardware, *, template: Path | None = None,

@@ -32,6 +32,7 @@ import torch
 
 from infracourse.kit.env_config import EnvConfig
 from infracourse.kit.gpt import GPT, GPTConfig
+from infracourse.kit.loadgen import request_matrix
 
 ENV = "INFRACOURSE_SERVE"
 # vocabulary 128: every token id is one ASCII character, so a streamed text maps back to its ids one to one
@@ -194,7 +195,5 @@ def bench_config(device: str = "cpu") -> ServeConfig:
 
 def bench_specs(seed: int = 0):
     """The load point's 192 requests (kit.loadgen.request_matrix over SERVE_GPT's vocabulary), shuffled."""
-    from infracourse.kit.loadgen import request_matrix
-
     return request_matrix(BENCH_INPUT_LENS, BENCH_OUTPUT_LENS, BENCH_PER_CELL, vocab_size=SERVE_GPT.vocab_size,
                           seed=seed)

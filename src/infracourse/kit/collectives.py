@@ -22,6 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from infracourse.kit import dist_probes
+
 # nccl-tests (doc/PERFORMANCE.md): busbw = algbw * factor, algbw = bytes / time
 BUSBW_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
                  "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
@@ -136,8 +138,6 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
 
     import torch
     import torch.distributed as dist
-
-    from infracourse.kit import dist_probes
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from infracourse.observe import op_effect, watch_call
 from infracourse.kit.gpt import GPTConfig, RMSNorm
 
 EPS = 1e-6
@@ -153,8 +154,6 @@ class Counts:
 
 def counts_of(record) -> Counts:
     """Counts of a observe.CallRecord (a call watched by observe.watch_call, here or in the worker)."""
-    from infracourse.observe import op_effect
-
     copies = sum(op in COPY_OPS for op in record.ops)
     computes = sum(op_effect(op) == "compute" for op in record.ops)
     return Counts(launches=computes + copies + len(record.kernels), copies=copies)
@@ -162,8 +161,6 @@ def counts_of(record) -> Counts:
 
 def count_call(fn: Callable, *args) -> Counts:
     """Launches and copies of fn(*args) run here (course code only: the judge's baseline, a learner's run)."""
-    from infracourse.observe import watch_call
-
     with watch_call(poison=False, inputs=args) as record:
         fn(*args)
     return counts_of(record)

@@ -30,6 +30,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from infracourse.kit import dist_probes
+
 WORLD, EXPERTS, TOP_K = 4, 8, 2
 TOKENS, D_MODEL, FFN = 32, 16, 16          # per rank; D_MODEL >= EXPERTS so a counting expert's one-hot fits
 SLOTS_PER_RANK = EXPERTS // WORLD + 1      # EPLB: one redundant expert slot per rank (slots_for(world))
@@ -247,8 +249,6 @@ def grade_rank(experiments: list[dict], top_k: int = TOP_K, module: str = "moe")
     import importlib
 
     import torch.distributed as dist
-
-    from infracourse.kit import dist_probes
 
     torch.set_num_threads(1)
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"

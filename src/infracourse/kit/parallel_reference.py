@@ -12,6 +12,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from infracourse.kit import dist_probes
+
 # ------------------------------------------------------------------------------------------ tensor parallel
 def mlp_weights(seed: int, tokens: int = 6, d_model: int = 8, hidden: int = 12) -> dict:
     """x (tokens, d), w1 (hidden, d), b1 (hidden,), w2 (d, hidden), b2 (d,), dy (tokens, d): the MLP block
@@ -230,8 +232,6 @@ def elastic_reference(seed: int, steps: int, world: int) -> dict[str, torch.Tens
 def _attempt(results: dict, name: str, fn) -> None:
     """Run one experiment; a learner exception is kept as its traceback's tail, the other experiments still run
     (an exception on one rank only leaves the other waiting: the launch's time limit ends it)."""
-    from infracourse.kit import dist_probes
-
     print(f"[rank {torch.distributed.get_rank()}] {name}", flush=True)
     try:
         with dist_probes.scope(name):
@@ -247,8 +247,6 @@ def _cpu(t):
 
 def _tensor_parallel(learner, seed: int, device: str) -> dict:
     import torch.distributed as dist
-
-    from infracourse.kit import dist_probes
 
     rank, world = dist.get_rank(), dist.get_world_size()
     weights = mlp_weights(seed)

@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from infracourse.kit.loadgen import _body_pieces, _stream_lines, request_matrix
+
 VERSION_ENV, PLATFORM_ENV = "INFRACOURSE_VERSION", "INFRACOURSE_PLATFORM"
 DROP_MARK = 127  # the drop fault only touches prompts that start with this token
 
@@ -99,6 +101,7 @@ def class_limits(environ=None) -> dict:
 
 def platform_config(device: str = "cpu"):
     """The engine limits of week 21: 4 sequences at once, a 25 ms step floor on a CPU."""
+    # why: torch loads with the engine only; the client helpers here (service_command, probe) need none
     from infracourse.kit.batching import ServeConfig
 
     return ServeConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=8, num_blocks=64, max_waiting=256,
@@ -107,8 +110,6 @@ def platform_config(device: str = "cpu"):
 
 def capacity_specs(n: int, seed: int = 0):
     """n requests of the capacity workload (kit.loadgen.request_matrix, vocabulary 128)."""
-    from infracourse.kit.loadgen import request_matrix
-
     specs = request_matrix([CAPACITY_INPUT_LEN], [CAPACITY_OUTPUT_LEN], n, vocab_size=128, seed=seed)
     for spec in specs:
         if spec.prompt_ids[0] == DROP_MARK:
@@ -141,8 +142,6 @@ async def _read_head(reader):
 
 
 async def completion_events(uds: str, body: dict, *, connect_timeout_s: float = 2.0):
-    from infracourse.kit.loadgen import _body_pieces, _stream_lines
-
     payload = json.dumps(body).encode()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(uds), connect_timeout_s)
@@ -181,8 +180,6 @@ async def completion_events(uds: str, body: dict, *, connect_timeout_s: float = 
 
 
 async def probe(uds: str, path: str = "/health", timeout_s: float = 1.0) -> tuple[int, object]:
-    from infracourse.kit.loadgen import _body_pieces
-
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(uds), timeout_s)
     except (OSError, asyncio.TimeoutError):
@@ -235,6 +232,7 @@ class _Req:
 
 class Service:
     def __init__(self, loop: asyncio.AbstractEventLoop):
+        # why: torch loads with the engine only; the client helpers here (service_command, probe) need none
         from infracourse.kit.batching import ModelRunner, ServeConfig
 
         self.loop = loop
@@ -307,6 +305,7 @@ class Service:
             loop.call_soon_threadsafe(q.put_nowait, None)
 
     def step(self) -> None:
+        # why: torch loads with the engine only; the client helpers here (service_command, probe) need none
         from infracourse.kit.batching import Piece
 
         for r in [r for r in self.running if r.cancelled]:

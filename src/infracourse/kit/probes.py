@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from infracourse.kit.gpt import GPT
+
 
 def cuda_kernels_launched(fn: Callable, *args) -> list[str]:
     """Names of the CUDA kernels the GPU ran during fn(*args), seen by the torch profiler (CUPTI)."""
@@ -101,8 +103,6 @@ class GPTTrainer:
 
     def __init__(self, cfg, norm_fn: Callable | None = None, *, seed: int = 0, device: str = "cpu",
                  dtype: torch.dtype | None = None, lr: float = 1e-4):
-        from infracourse.kit.gpt import GPT
-
         self.model = GPT(cfg, seed=seed, norm_fn=norm_fn).to(device, dtype)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
 

@@ -69,6 +69,7 @@ class ServiceModel:
         if self.loaded:
             return
         started = time.monotonic()
+        # why: torch and the model load inside load(), the start-up this service reports, not at import
         from infracourse.kit.batching import ServeConfig, serve_model
 
         model = serve_model(ServeConfig(seed=self.cfg.seed))
