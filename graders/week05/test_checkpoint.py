@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from infracourse.grading import output
+from infracourse.launch import output
 from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.resume_driver import KILLED, NOT_WRITTEN, file_digest, launch, read_all

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from infracourse.grading import output
+from infracourse.launch import output
 from infracourse.grading.remote import LearnerRaised
 from infracourse.guard import LabCheckFailed
 from infracourse.kit.resume_driver import NO_MODEL_STATE, NOT_WRITTEN, launch
@@ -85,7 +85,7 @@ def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
     timed_out = threading.Event()
     timer = threading.Timer(300, lambda: (timed_out.set(), _kill(proc)))
     timer.start()
-    try:  # its stdout as it comes, bounded (grading.output): learner code prints there too
+    try:  # its stdout as it comes, bounded (launch.output): learner code prints there too
         run.steps += [line for text in output.lines(proc) if (line := _step_line(text))]
     except output.OutputCut:
         raise LabCheckFailed(f"the {what} printed too much; {output.CUT_NOTE}") from None
@@ -133,7 +133,7 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
                           work / "killed.log")
     killed = Run()
     try:
-        for text in output.lines(proc):  # as it comes, bounded (grading.output)
+        for text in output.lines(proc):  # as it comes, bounded (launch.output)
             if (line := _step_line(text)) is not None:
                 killed.steps.append(line)
                 if line["step"] >= kill_at:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infracourse.grading import output
+from infracourse.launch import output
 from infracourse.grading.serving import Phase, Server, start, stop, wait_ready
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import service_kit as sk

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FILES, JUDGE_CFG, expect_tokens, teach_from_log
-from infracourse import sandbox
-from infracourse.grading import output
-from infracourse.grading.serving import LOG_NAME, SOCKET_NAME, Server, _environment, stop
+from infracourse import launch
+from infracourse.grading.serving import LOG_NAME, SOCKET_NAME, Server, environment, stop
 from infracourse.guard import LabCheckFailed
 from infracourse.kit import service_kit as sk
 
@@ -50,15 +49,10 @@ def test_local_run_from_clean_copy(learner, judge_model, seed, device):
     try:
         clean_copy(learner.root, folder)
         uds = folder / SOCKET_NAME
-        argv = ["bash", "-c", command]
-        if sandbox.status().available:
-            argv = sandbox.wrap(argv, snapshot=None, scratch=folder)
-        env = _environment(folder, device, {**JUDGE_CFG.to_env(), "SERVICE_UDS": str(uds)})
-        captured = output.Capture(folder / LOG_NAME)  # cut past output.OUTPUT_LIMIT, the command's session killed
-        proc = captured.spawn(lambda log: subprocess.Popen(argv, env=env, cwd=folder, start_new_session=True,
-                                                           stdin=subprocess.DEVNULL, stdout=log,
-                                                           stderr=subprocess.STDOUT))
-        server = Server(str(uds), proc, captured.path, captured=captured)
+        env = environment(folder, device, {**JUDGE_CFG.to_env(), "SERVICE_UDS": str(uds)})
+        # confined; its output cut past the launch's output limit, the command's session killed
+        proc = launch.start(["bash", "-c", command], scratch=folder, env=env, log=folder / LOG_NAME)
+        server = Server(str(uds), proc, proc.capture.path, captured=proc.capture)
         what = (f"`{command}` (DEPLOY.md's run block), run in a fresh folder holding only your files "
                 f"({', '.join(FILES)}) with SERVICE_UDS={uds}")
         try:

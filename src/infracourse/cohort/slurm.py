@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.cohort.workers import alive, own_scratch, owner_tag, scratch_root, sweep
 from infracourse.course import Course
-from infracourse.grading.output import last_lines, read_tail  # a task's log holds what its grades printed
+from infracourse.launch.output import last_lines, read_tail  # a task's log holds what its grades printed
 from infracourse.hardware import detect
 
 JOBS = ".regrade-jobs"

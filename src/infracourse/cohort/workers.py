@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.course import Course
 from infracourse.hardware import Hardware
+from infracourse.launch import group
 
 
 
@@ -185,12 +186,7 @@ def own_scratch(root: Path) -> Path:
 
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when the one that started it dies (Linux), and exit now if it already has."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+    group.die_with_parent()
     if os.getppid() != parent:
         os._exit(1)
 

@@ -31,6 +31,7 @@ from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure
 from infracourse.guard import LabCheckFailed, WrongOutput
+from infracourse.launch import hangs
 from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "
@@ -138,6 +139,7 @@ class _Session:
             except WorkerFailed:
                 pass  # the check's own first call says what happened
         self.current = check.id
+        hangs.checking(check.id)  # a launch that hangs now is named by this check (launch.hangs)
         self.emit(event="start", check=check.id, t=time.time())
         unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
         if unmet:

@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
-from infracourse.grading.output import read_tail
+from infracourse.launch.output import read_tail
 from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
 from infracourse.grading.selection import with_prerequisites

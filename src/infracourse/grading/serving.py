@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from infracourse import sandbox
-from infracourse.grading import output
-from infracourse.grading.torchrun import kill_tree
+from infracourse import launch
 from infracourse.guard import LabCheckFailed
+from infracourse.launch import output
 from infracourse.kit.loadgen import UnixHTTPConnection
 
 SOCKET_NAME = "server.sock"
@@ -81,7 +80,7 @@ class ServerFailed(LabCheckFailed):
 class Server:
     """A running learner server: its socket, its process (the sandbox's) and its log file."""
     uds: str
-    proc: subprocess.Popen
+    proc: launch.Launched
     log_path: Path
     base_url: str = "http://localhost"
     started_s: float = field(default=0.0)  # seconds from launch until it first answered
@@ -248,16 +247,9 @@ class Stream:
         self.sock.close()
 
 
-def _environment(scratch: Path, device: str, extra: dict[str, str] | None) -> dict[str, str]:
-    from infracourse.grading.remote import _ENV_KEEP, _engine_path
-
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
-    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=_engine_path(),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), INFRACOURSE_DEVICE=device)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    env.update(extra or {})
-    return env
+def environment(scratch: Path, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A served program's environment: launch.environment for `device`, with the grader's `extra` variables."""
+    return launch.environment(scratch, device=device, **(extra or {}))
 
 
 def _answers(uds: str) -> bool:
@@ -291,13 +283,10 @@ def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | N
     learner_dir = Path(learner_dir).resolve()
     command = [sys.executable, "-s", "-m", "uvicorn", app, "--uds", str(uds), "--app-dir", str(learner_dir),
                "--no-access-log", "--log-level", "warning", "--timeout-graceful-shutdown", "1"]
-    if sandbox.status().available:
-        command = sandbox.wrap(command, snapshot=learner_dir, scratch=scratch, gpu=device == "cuda")
-    captured = output.Capture(scratch / LOG_NAME)  # cut past output.OUTPUT_LIMIT, the server killed
-    proc = captured.spawn(lambda log: subprocess.Popen(
-        command, env=_environment(scratch, device, env), cwd=scratch, start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-    return Server(str(uds), proc, captured.path, captured=captured, made=made)
+    # its log cut past output.OUTPUT_LIMIT, the server killed
+    proc = launch.start(command, scratch=scratch, snapshot=learner_dir, env=environment(scratch, device, env),
+                        gpu=device == "cuda", log=scratch / LOG_NAME)
+    return Server(str(uds), proc, proc.capture.path, captured=proc.capture, made=made)
 
 
 def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
@@ -317,7 +306,7 @@ def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
 
 def stop(server: Server) -> None:
     """Kill the server's whole process tree (the sandbox dies with it) and reap it."""
-    kill_tree(server.proc)
+    server.proc.kill_tree()
     try:
         server.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
