@@ -73,8 +73,12 @@ class _Session:
         self.worker = None  # started by the `learner` fixture on first use
         self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
         self.current: str | None = None  # the check running now
+        hangs.connect(lambda target, inputs: self.emit(event="calling", check=self.current, target=target,
+                                                      inputs=inputs, elements=0), self.hung)
 
     def emit(self, **event) -> None:
+        if event["event"] == "calling":
+            hangs.call_began()
         line = (json.dumps(event, default=str) + "\n").encode()
         if self.events_fd is not None:
             os.write(self.events_fd, line)  # one write per event: the runner reads whole lines
@@ -139,7 +143,7 @@ class _Session:
             except WorkerFailed:
                 pass  # the check's own first call says what happened
         self.current = check.id
-        hangs.checking(check.id)  # a launch that hangs now is named by this check (launch.hangs)
+        hangs.checking(check.id, check.timeout_s)  # a launch that hangs now names this check (launch.hangs)
         self.emit(event="start", check=check.id, t=time.time())
         unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
         if unmet:

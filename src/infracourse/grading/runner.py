@@ -28,6 +28,7 @@ from typing import Callable, Iterable
 
 from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
+from infracourse.launch import hangs
 from infracourse.launch.output import read_tail
 from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
@@ -93,6 +94,7 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
         env = _grader_env(hardware, files_dir)
         env.update(kit_access.environment(lab.spec.kit, lab.graders))  # every sandbox of it: this week's kit only
         env["TMPDIR"] = str(work / "tmp")
+        env[hangs.SCALE_ENV] = str(timeout_scale)  # a launch in the judge ends before its check's limit
         (work / "tmp").mkdir()
         if compile_cache is not None:
             compile_cache.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 
 from infracourse import launch
 from infracourse.guard import LabCheckFailed
-from infracourse.launch import output
+from infracourse.launch import hangs, output
 from infracourse.kit.loadgen import UnixHTTPConnection
 
 SOCKET_NAME = "server.sock"
@@ -268,7 +268,12 @@ def _answers(uds: str) -> bool:
 def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | None = None,
           device: str = "cpu") -> Server:
     """Launch uvicorn serving `app` ("module:attribute" of the learner's snapshot) on a socket in `scratch`;
-    returns at once (see `wait_ready`)."""
+    returns at once (see `wait_ready`). ServerFailed, with nothing started, where the same app never answered
+    earlier in this grade (launch.hangs: a server that never comes up costs one start-up limit per grade)."""
+    target, key = f"{app} under uvicorn", (str(Path(learner_dir).resolve()), f"{app} under uvicorn")
+    if (hang := hangs.earlier(key, target)) is not None:
+        raise ServerFailed(f"not run: {hang.described()}, so it was not started again in this grade; look for a "
+                           "start-up that never finishes or a handler that never returns, fix it and grade again")
     scratch = Path(scratch).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     uds, made = scratch / SOCKET_NAME, None
@@ -286,6 +291,7 @@ def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | N
     # its log cut past output.OUTPUT_LIMIT, the server killed
     proc = launch.start(command, scratch=scratch, snapshot=learner_dir, env=environment(scratch, device, env),
                         gpu=device == "cuda", log=scratch / LOG_NAME)
+    proc.hang_key = key  # wait_ready remembers a server that never answered
     return Server(str(uds), proc, proc.capture.path, captured=proc.capture, made=made)
 
 
@@ -299,6 +305,8 @@ def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
             server.started_s = time.perf_counter() - started
             return server
         if time.perf_counter() - started > ready_timeout_s:
+            if getattr(server.proc, "hang_key", None) is not None:
+                hangs.note(server.proc.hang_key, server.proc.hang_key[1], ready_timeout_s, "did not answer")
             raise ServerFailed(f"your server did not answer on its socket within {ready_timeout_s:g} s of its start; "
                                f"the end of its log:\n{server.log_tail()}")
         time.sleep(0.05)

@@ -36,9 +36,8 @@ class LaunchNotRun(LabCheckFailed):
     started: a deadlock costs one time limit per grade, not one per check (launch.hangs)."""
 
     def __init__(self, hang: hangs.Hang):
-        super().__init__(f"not run: the launch of {hang.what} in {hang.during()} did not finish within "
-                         f"{hang.seconds:.0f} s, so it was not started again in this grade; look there for "
-                         f"{HANG_CAUSES}, fix it and grade again")
+        super().__init__(f"not run: {hang.described()} (launched under torchrun), so it was not started again "
+                         f"in this grade; look for {HANG_CAUSES}, fix it and grade again")
 
 
 @dataclass
@@ -99,9 +98,11 @@ def start_ranks(module: str, function: str, *, learner_dir: Path, world_size: in
     torchrun process (its whole tree dies with the sandbox). `probe` names a course module whose `install()`
     runs in each rank before the learner's import (counting collectives, say) and whose `report()` is saved.
     LaunchNotRun (a failed check) where an earlier launch of the same code hung in this grade."""
-    key = (str(Path(learner_dir).resolve()), module, function)
-    if (hang := hangs.earlier(key)) is not None:
+    target = f"{module}.{function}"
+    key = (str(Path(learner_dir).resolve()), target)
+    if (hang := hangs.earlier(key, target)) is not None:
         raise LaunchNotRun(hang)
+    hangs.starting(target, f"{world_size} ranks under torchrun")
     out = scratch / "ranks"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -139,7 +140,7 @@ def collect(proc: launch.Launched, *, scratch: Path, world_size: int, timeout_s:
         proc.kill_tree()
         log, _ = proc.communicate()
         if getattr(proc, "hang_key", None) is not None:
-            hangs.note(proc.hang_key, f"{proc.hang_key[1]}.{proc.hang_key[2]}", timeout_s)
+            hangs.note(proc.hang_key, proc.hang_key[1], timeout_s)
     wall = time.perf_counter() - started
     captured = getattr(proc, "capture", None)
     if captured is not None:
