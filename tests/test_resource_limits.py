@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from infracourse.cohort import regrade, synthetic
 from infracourse.cohort.bundle import BundleError, submit
 from infracourse.cohort.gradebook import Gradebook, Submission
-from infracourse.grading import output
+from infracourse.launch import output
 from infracourse.grading.confined import run_script
 from infracourse.grading.results import CheckResult, GradeResult
 from infracourse.grading.runner import grade

@@ -234,12 +234,12 @@ CONFINE = '''
 import json, os, subprocess, sys
 from pathlib import Path
 from infracourse import sandbox
-from infracourse.grading.remote import _engine_path
+from infracourse.launch import engine_path
 snapshot, scratch, probe = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 command = sandbox.wrap([sys.executable, "-s", str(snapshot / probe), *sys.argv[4:]], snapshot=snapshot,
                        scratch=scratch)
 done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=scratch,
-                      env={"PATH": os.environ["PATH"], "PYTHONPATH": _engine_path(), "HOME": str(scratch)})
+                      env={"PATH": os.environ["PATH"], "PYTHONPATH": engine_path(), "HOME": str(scratch)})
 print(done.stdout, end="")
 print(done.stderr, end="", file=sys.stderr)
 '''

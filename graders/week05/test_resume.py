@@ -83,7 +83,7 @@ def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
     timed_out = threading.Event()
     timer = threading.Timer(300, lambda: (timed_out.set(), _kill(proc)))
     timer.start()
-    try:  # its stdout as it comes, bounded (grading.output): learner code prints there too
+    try:  # its stdout as it comes, bounded (launch.output): learner code prints there too
         run.steps += [line for text in output.lines(proc) if (line := _step_line(text))]
     except output.OutputCut:
         raise LabCheckFailed(f"the {what} printed too much; {output.CUT_NOTE}") from None
@@ -131,7 +131,7 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
                           work / "killed.log")
     killed = Run()
     try:
-        for text in output.lines(proc):  # as it comes, bounded (grading.output)
+        for text in output.lines(proc):  # as it comes, bounded (launch.output)
             if (line := _step_line(text)) is not None:
                 killed.steps.append(line)
                 if line["step"] >= kill_at:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infracourse import sandbox
-from infracourse.grader import LabCheckFailed, output, server_environment, serving
+from infracourse.grader import LabCheckFailed, launch, server_environment, serving
 from infracourse.kit import service_kit as sk
 from week20_judging import FILES, JUDGE_CFG, expect_tokens, teach_from_log
 
@@ -48,16 +47,10 @@ def test_local_run_from_clean_copy(learner, judge_model, seed, device):
     try:
         clean_copy(learner.root, folder)
         uds = folder / serving.SOCKET_NAME
-        argv = ["bash", "-c", command]
-        if sandbox.status().available:
-            argv = sandbox.wrap(argv, snapshot=None, scratch=folder)
         env = server_environment(folder, device, {**JUDGE_CFG.to_env(), "SERVICE_UDS": str(uds)})
-        # cut past output.OUTPUT_LIMIT, the command's session killed
-        captured = output.Capture(folder / serving.LOG_NAME)
-        proc = captured.spawn(lambda log: subprocess.Popen(argv, env=env, cwd=folder, start_new_session=True,
-                                                           stdin=subprocess.DEVNULL, stdout=log,
-                                                           stderr=subprocess.STDOUT))
-        server = serving.Server(str(uds), proc, captured.path, captured=captured)
+        # confined; its output cut past the launch's output limit, the command's session killed
+        proc = launch.start(["bash", "-c", command], scratch=folder, env=env, log=folder / serving.LOG_NAME)
+        server = serving.Server(str(uds), proc, proc.capture.path, captured=proc.capture)
         what = (f"`{command}` (DEPLOY.md's run block), run in a fresh folder holding only your files "
                 f"({', '.join(FILES)}) with SERVICE_UDS={uds}")
         try:

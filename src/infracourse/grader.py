@@ -19,7 +19,8 @@ this module holds what a grader calls. By job:
   `require_fraction`, `require_speedup`, `require_possible`
 - figures: `read_figures` (a report's figures block), `check_formula`, `check_measured`
 - processes: `run_script`, `run_ranks` / `start_ranks` / `collect` / `rank_processes` / `RanksRun` (a torchrun
-  world), `serving` (a learner's server), `server_environment`, `output` (bounded capture of a process's output)
+  world), `serving` (a learner's server), `server_environment`, `launch` (start a confined process: the one door
+  every process of learner code goes through), `output` (bounded capture of a process's output)
 
 docs/authoring.md walks through a grader written against it; tests/test_grader_imports.py keeps graders to it.
 """
@@ -27,7 +28,8 @@ from __future__ import annotations
 
 from infracourse.compare import assert_close, assert_grad_close, relative_error, tolerance, wrong_blocks
 from infracourse.failures import LabCheckFailed, WrongOutput
-from infracourse.grading import output, serving
+from infracourse import launch
+from infracourse.grading import serving
 from infracourse.grading.confined import run_script
 from infracourse.grading.estimate import check_formula, check_measured
 from infracourse.grading.fixtures import in_worker
@@ -40,6 +42,7 @@ from infracourse.grading.provenance import require_clean_sources, require_own_ke
 from infracourse.grading.remote import LearnerHung, LearnerRaised
 from infracourse.grading.report_check import read_figures
 from infracourse.grading.torchrun import RanksRun, collect, rank_processes, run_ranks, start_ranks
+from infracourse.launch import output
 from infracourse.grading.verdicts import (explain_nan, fenced, interpreter_note, require_data_flow,
                                           require_plain_tensor, require_possible, run_watched)
 from infracourse.observe import CallRecord
@@ -47,7 +50,7 @@ from infracourse.observe import CallRecord
 def server_environment(scratch, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment `serving.serve` starts a learner's server with, for a grader that starts the learner's own
     deploy command instead (week 20)."""
-    return serving._environment(scratch, device, extra)
+    return serving.environment(scratch, device, extra)
 
 
 __all__ = [
@@ -65,6 +68,6 @@ __all__ = [
     # figures
     "read_figures", "check_formula", "check_measured",
     # processes
-    "run_script", "run_ranks", "start_ranks", "collect", "rank_processes", "RanksRun", "serving", "output",
+    "run_script", "run_ranks", "start_ranks", "collect", "rank_processes", "RanksRun", "serving", "output", "launch",
     "server_environment",
 ]

@@ -32,7 +32,7 @@ from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.cohort.outcome import Outcome, failed_outcome, grade_submission, require_sandbox
 from infracourse.cohort.workers import alive, own_scratch, owner_tag, scratch_root, sweep
 from infracourse.course import Course
-from infracourse.grading.output import last_lines, read_tail  # a task's log holds what its grades printed
+from infracourse.launch.output import last_lines, read_tail  # a task's log holds what its grades printed
 from infracourse.hardware import detect
 
 JOBS = ".regrade-jobs"

@@ -35,6 +35,7 @@ from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.cohort.outcome import Outcome, failed_outcome, grade_submission, require_sandbox
 from infracourse.course import Course
 from infracourse.hardware import Hardware
+from infracourse.launch import group
 
 
 
@@ -184,12 +185,7 @@ def own_scratch(root: Path) -> Path:
 
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when the one that started it dies (Linux), and exit now if it already has."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+    group.die_with_parent()
     if os.getppid() != parent:
         os._exit(1)
 

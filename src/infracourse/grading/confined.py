@@ -5,40 +5,17 @@ Some checks are about a program rather than a function: "your experiment reprodu
 snapshot read-only, a scratch folder read-write, no network), with the worker's clean environment and a
 session of their own so the whole tree can be killed; what they write is untrusted data the judge re-derives.
 Where no sandbox can be made on the machine the program runs plain, with the same environment (the runner
-has already said so in the grade).
+has already said so in the grade). Starting it is infracourse.launch's job, as for every confined process.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infracourse.grading import output
-
-
-def environment(scratch: Path, **extra: str) -> dict[str, str]:
-    """The grading worker's environment: the judge's own variables stripped to the few a run needs."""
-    from infracourse.grading.remote import _ENV_KEEP, _engine_path
-
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
-    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=_engine_path())
-    env.update(extra)
-    return env
-
-
-def popen(command: list[str], *, snapshot: Path, scratch: Path, gpu: bool = False,
-          env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    """Start `command` confined, working directory `scratch`."""
-    from infracourse import sandbox
-
-    if sandbox.status().available:
-        command = sandbox.wrap(command, snapshot=snapshot, scratch=scratch, gpu=gpu)
-    return subprocess.Popen(command, env=env or environment(scratch), cwd=scratch, start_new_session=True,
-                            **kwargs)
+from infracourse import launch
+from infracourse.launch import output
 
 
 @dataclass
@@ -64,21 +41,10 @@ def run_script(snapshot: Path, script: str, args: list[str], *, scratch: Path, g
                timeout_s: float = 120) -> ScriptRun:
     """Run `python SCRIPT ARGS` from the learner's snapshot (only the files they submitted), in the empty
     scratch folder: the clean checkout a reader of their report would start from."""
-    from infracourse.grading.torchrun import kill_tree
-
     snapshot, scratch = Path(snapshot).resolve(), Path(scratch)
     started = time.perf_counter()
     # beside the scratch, not in it: the script cannot see or replace its own log; cut past output.OUTPUT_LIMIT
-    captured = output.Capture(scratch.parent / f"{scratch.name}.script.log")
-    proc = captured.spawn(lambda log: popen([sys.executable, "-s", str(snapshot / script), *args], snapshot=snapshot,
-                                            scratch=scratch, gpu=gpu, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL))
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        proc.wait()
-        code = None
-    captured.finish()
-    return ScriptRun(" ".join(["python", script, *args]), code, captured.tail(), time.perf_counter() - started,
-                     captured.cut)
+    proc = launch.start([sys.executable, "-s", str(snapshot / script), *args], scratch=scratch, snapshot=snapshot,
+                        gpu=gpu, log=scratch.parent / f"{scratch.name}.script.log")
+    code = proc.finish(timeout_s)
+    return ScriptRun(" ".join(["python", script, *args]), code, proc.tail(), time.perf_counter() - started, proc.cut)

@@ -37,6 +37,7 @@ from infracourse.grading.protocol import FATAL_EXIT
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure
 from infracourse.grading.shared import SORTS_AS, shared_module
+from infracourse.launch import hangs
 from infracourse.syllabus import Lab
 
 BLOCKED_PREFIX = "infracourse-blocked: "
@@ -94,8 +95,12 @@ class _Session:
         self.current: str | None = None  # the check running now
         self.shared = shared_module(self.lab)  # the shared checks lab.yaml asks for (grading.shared), or None
         self.shared_collected = False
+        hangs.connect(lambda target, inputs: self.emit(event="calling", check=self.current, target=target,
+                                                      inputs=inputs, elements=0), self.hung)
 
     def emit(self, **event) -> None:
+        if event["event"] == "calling":
+            hangs.call_began()
         line = (json.dumps(event, default=str) + "\n").encode()
         if self.events_fd is not None:
             os.write(self.events_fd, line)  # one write per event: the runner reads whole lines
@@ -177,6 +182,7 @@ class _Session:
             except WorkerFailed:
                 pass  # the check's own first call says what happened
         self.current = check.id
+        hangs.checking(check.id, check.timeout_s)  # a launch that hangs now names this check (launch.hangs)
         self.emit(event="start", check=check.id, t=time.time())
         unmet = [r for r in check.requires if self.statuses.get(r) != "passed"]
         if unmet:

@@ -24,17 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from infracourse import sandbox
-from infracourse.grading import output, protocol
+from infracourse import launch
+from infracourse.grading import protocol
+from infracourse.launch import output
 from infracourse.grading.protocol import (COMPILE_CACHE_ENV, Decoder, Encoder, Foreign, Handle, ProtocolError,
                                          WorkerObject)
 
 __all__ = ["Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerFailed", "WorkerObject"]
-
-_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "TRITON_INTERPRET",
-             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_HOME",
-             "TRITON_PTXAS_PATH", "NUMBA_DISABLE_JIT", "PYTORCH_CUDA_ALLOC_CONF")
-
 
 class WorkerFailed(Exception):
     """The worker died, hung up, or broke the protocol: the check that was running is an `error`."""
@@ -74,8 +70,8 @@ class Worker:
         self.gpu = gpu
         self._scratch_owner = None if scratch else tempfile.TemporaryDirectory(prefix="infracourse-worker-")
         self.scratch = Path(scratch or self._scratch_owner.name).resolve()
-        self.sandboxed = sandbox.status().available
-        self.proc: subprocess.Popen | None = None
+        self.sandboxed = launch.confining()
+        self.proc: launch.Launched | None = None
         self.generation = 0  # one per worker process: a handle or graph of a dead process names nothing in the next
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
@@ -100,23 +96,17 @@ class Worker:
         self.fd_in, from_worker = os.pipe()
         command = [sys.executable, "-s", "-m", "infracourse.grading.worker", "--in", str(to_worker),
                    "--out", str(from_worker), "--learner", str(self.learner_dir)]
-        env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
         cache = compile_cache()
         inside = self.scratch / ".triton"  # a kept cache is bound there in the sandbox
-        env.update(HOME=str(self.scratch), TMPDIR=str(self.scratch), PYTHONDONTWRITEBYTECODE="1",
-                   PYTHONUNBUFFERED="1",  # what it printed before a crash reaches the log (and the message)
-                   TRITON_CACHE_DIR=str(inside if self.sandboxed or cache is None else cache),
-                   PYTHONPATH=_engine_path())
-        if self.sandboxed:
-            if cache is not None:
-                inside.mkdir(exist_ok=True)  # the mount point, in the worker's own scratch
-            command = sandbox.wrap(command, snapshot=self.learner_dir, scratch=self.scratch, gpu=self.gpu,
-                                   writable=((cache, inside),) if cache else ())
-        self.output = output.Capture(self.log_path)  # cut past output.OUTPUT_LIMIT, the worker killed
-        self.proc = self.output.spawn(lambda log: subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            pass_fds=(to_worker, from_worker), env=env, cwd=self.scratch, start_new_session=True,
-            preexec_fn=_die_with_parent))
+        env = launch.environment(self.scratch,
+                                 TRITON_CACHE_DIR=str(inside if self.sandboxed or cache is None else cache))
+        if self.sandboxed and cache is not None:
+            inside.mkdir(exist_ok=True)  # the mount point, in the worker's own scratch
+        # its output cut past output.OUTPUT_LIMIT, the worker killed
+        self.proc = launch.start(command, scratch=self.scratch, snapshot=self.learner_dir, env=env, gpu=self.gpu,
+                                 writable=((cache, inside),) if cache and self.sandboxed else (),
+                                 log=self.log_path, pass_fds=(to_worker, from_worker))
+        self.output = self.proc.capture
         os.close(to_worker)
         os.close(from_worker)
 
@@ -149,10 +139,7 @@ class Worker:
                     os.close(fd)
                 except OSError:
                     pass
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            self.proc.kill_tree()
             self.proc.wait()
             self.proc = None
             self.output.finish()  # its log is whole before a fresh worker's replaces it
@@ -360,21 +347,6 @@ def compile_cache() -> Path | None:
     value = os.environ.get(COMPILE_CACHE_ENV)
     path = Path(value) if value else None
     return path.resolve() if path is not None and path.is_dir() else None
-
-
-def _engine_path() -> str:
-    """PYTHONPATH for the worker: the folder holding the infracourse engine, where the sandbox shows the engine
-    package alone. Not the judge's own PYTHONPATH: the sandbox hides its entries (sandbox.course_places)."""
-    return str(sandbox.engine_dir().parent)
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 STALE = ("this object of your code lived in a worker process that has since stopped (an earlier check crashed "

@@ -28,7 +28,8 @@ from typing import Callable, Iterable
 
 from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
-from infracourse.grading.output import read_tail
+from infracourse.launch import group, hangs
+from infracourse.launch.output import read_tail
 from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
 from infracourse.grading.selection import with_prerequisites
@@ -93,6 +94,7 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
         env = _grader_env(hardware, files_dir)
         env.update(kit_access.environment(lab.spec.kit, lab.graders))  # every sandbox of it: this week's kit only
         env["TMPDIR"] = str(work / "tmp")
+        env[hangs.SCALE_ENV] = str(timeout_scale)  # a launch in the judge ends before its check's limit
         (work / "tmp").mkdir()
         if compile_cache is not None:
             compile_cache.mkdir(parents=True, exist_ok=True)
@@ -172,7 +174,8 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
     buffer = b""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent)
+                                pass_fds=(write_fd,), start_new_session=True,
+                                preexec_fn=group.parent_death_hook())  # dies with us, e.g. on a kill -9
         os.close(write_fd)
         try:
             open_pipe = True
@@ -282,24 +285,10 @@ def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict,
     return running
 
 
-def _die_with_parent() -> None:
-    """In the grader child (Linux): SIGKILL it if the grading process dies, e.g. a kill -9 mid-regrade; its
-    own session keeps it out of the way of Ctrl-C, so nothing else would stop it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass  # not Linux: the runner's own clean-up on exceptions still applies
-
-
 def _tail(log: str, lines: int = 12) -> str:
     return "\n".join(log.strip().splitlines()[-lines:]) or "none"
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    group.kill_group(proc.pid)
     proc.wait()

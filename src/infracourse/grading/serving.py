@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from infracourse import sandbox
-from infracourse.grading import output
-from infracourse.grading.torchrun import kill_tree
+from infracourse import launch
 from infracourse.failures import LabCheckFailed
+from infracourse.launch import hangs, output
 from infracourse.kit.loadgen import UnixHTTPConnection
 
 SOCKET_NAME = "server.sock"
@@ -81,7 +80,7 @@ class ServerFailed(LabCheckFailed):
 class Server:
     """A running learner server: its socket, its process (the sandbox's) and its log file."""
     uds: str
-    proc: subprocess.Popen
+    proc: launch.Launched
     log_path: Path
     base_url: str = "http://localhost"
     started_s: float = field(default=0.0)  # seconds from launch until it first answered
@@ -248,16 +247,9 @@ class Stream:
         self.sock.close()
 
 
-def _environment(scratch: Path, device: str, extra: dict[str, str] | None) -> dict[str, str]:
-    from infracourse.grading.remote import _ENV_KEEP, _engine_path
-
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
-    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=_engine_path(),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), INFRACOURSE_DEVICE=device)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    env.update(extra or {})
-    return env
+def environment(scratch: Path, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A served program's environment: launch.environment for `device`, with the grader's `extra` variables."""
+    return launch.environment(scratch, device=device, **(extra or {}))
 
 
 def _answers(uds: str) -> bool:
@@ -276,7 +268,12 @@ def _answers(uds: str) -> bool:
 def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | None = None,
           device: str = "cpu") -> Server:
     """Launch uvicorn serving `app` ("module:attribute" of the learner's snapshot) on a socket in `scratch`;
-    returns at once (see `wait_ready`)."""
+    returns at once (see `wait_ready`). ServerFailed, with nothing started, where the same app never answered
+    earlier in this grade (launch.hangs: a server that never comes up costs one start-up limit per grade)."""
+    target, key = f"{app} under uvicorn", (str(Path(learner_dir).resolve()), f"{app} under uvicorn")
+    if (hang := hangs.earlier(key, target)) is not None:
+        raise ServerFailed(f"not run: {hang.described()}, so it was not started again in this grade; look for a "
+                           "start-up that never finishes or a handler that never returns, fix it and grade again")
     scratch = Path(scratch).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     uds, made = scratch / SOCKET_NAME, None
@@ -291,13 +288,11 @@ def start(learner_dir: Path, app: str, *, scratch: Path, env: dict[str, str] | N
     learner_dir = Path(learner_dir).resolve()
     command = [sys.executable, "-s", "-m", "uvicorn", app, "--uds", str(uds), "--app-dir", str(learner_dir),
                "--no-access-log", "--log-level", "warning", "--timeout-graceful-shutdown", "1"]
-    if sandbox.status().available:
-        command = sandbox.wrap(command, snapshot=learner_dir, scratch=scratch, gpu=device == "cuda")
-    captured = output.Capture(scratch / LOG_NAME)  # cut past output.OUTPUT_LIMIT, the server killed
-    proc = captured.spawn(lambda log: subprocess.Popen(
-        command, env=_environment(scratch, device, env), cwd=scratch, start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-    return Server(str(uds), proc, captured.path, captured=captured, made=made)
+    # its log cut past output.OUTPUT_LIMIT, the server killed
+    proc = launch.start(command, scratch=scratch, snapshot=learner_dir, env=environment(scratch, device, env),
+                        gpu=device == "cuda", log=scratch / LOG_NAME)
+    proc.hang_key = key  # wait_ready remembers a server that never answered
+    return Server(str(uds), proc, proc.capture.path, captured=proc.capture, made=made)
 
 
 def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
@@ -310,6 +305,8 @@ def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
             server.started_s = time.perf_counter() - started
             return server
         if time.perf_counter() - started > ready_timeout_s:
+            if getattr(server.proc, "hang_key", None) is not None:
+                hangs.note(server.proc.hang_key, server.proc.hang_key[1], ready_timeout_s, "did not answer")
             raise ServerFailed(f"your server did not answer on its socket within {ready_timeout_s:g} s of its start; "
                                f"the end of its log:\n{server.log_tail()}")
         time.sleep(0.05)
@@ -317,7 +314,7 @@ def wait_ready(server: Server, ready_timeout_s: float = 30.0) -> Server:
 
 def stop(server: Server) -> None:
     """Kill the server's whole process tree (the sandbox dies with it) and reap it."""
-    kill_tree(server.proc)
+    server.proc.kill_tree()
     try:
         server.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -9,7 +9,6 @@ them with their own single-process references, never take a verdict from them.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -22,11 +21,23 @@ from typing import Any
 
 import torch
 
-from infracourse import sandbox
-from infracourse.grading import output
+from infracourse import launch
+from infracourse.failures import LabCheckFailed
+from infracourse.launch import hangs, output
 
 RANK_FILE = "rank{rank}.pt"
 RUNTIME_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
+HANG_CAUSES = ("a collective that never completes (a rank that skips one, or ranks calling them in different orders "
+               "or with different sizes), or a rank waiting on a message nobody sends")
+
+
+class LaunchNotRun(LabCheckFailed):
+    """An earlier launch of the same learner code overran its time limit in this grade, so this one was not
+    started: a deadlock costs one time limit per grade, not one per check (launch.hangs)."""
+
+    def __init__(self, hang: hangs.Hang):
+        super().__init__(f"not run: {hang.described()} (launched under torchrun), so it was not started again "
+                         f"in this grade; look for {HANG_CAUSES}, fix it and grade again")
 
 
 @dataclass
@@ -42,6 +53,8 @@ class RanksRun:
     scratch: Path | None = field(default=None, repr=False)
     attempts: int = 1           # 2: the first launch lost a rank to a runtime signal and was launched again
     output_cut: bool = False    # the world printed past output.OUTPUT_LIMIT and was killed
+    limit_s: float = 0.0        # the time limit it ran under
+    not_run: str = ""           # why it was not started: an earlier launch of the same code hung (LaunchNotRun)
 
     def died_by_signal(self) -> bool:
         """A rank died by a runtime signal (torchrun's account: SIGABRT, SIGSEGV, SIGBUS) and no rank raised a
@@ -53,10 +66,13 @@ class RanksRun:
     def failure(self) -> str | None:
         """A message naming what went wrong, or None when every rank returned."""
         twice = " (launched twice: both times a rank died by a signal)" if self.attempts == 2 else ""
+        if self.not_run:
+            return self.not_run
         if self.output_cut:
             return f"the run printed too much; {output.CUT_NOTE}; last output:\n{self.log[-1500:]}"
         if self.timed_out:
-            return f"the run did not finish within its time limit; last output:\n{self.log[-1500:]}"
+            return (f"the run did not finish within its time limit ({self.limit_s:.0f} s): {HANG_CAUSES}; later "
+                    f"launches of the same code in this grade are not started; last output:\n{self.log[-1500:]}")
         for rank, error in enumerate(self.errors):
             if error:
                 return f"rank {rank} raised:\n{error}"
@@ -75,66 +91,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _environment(scratch: Path, device: str, world_size: int) -> dict[str, str]:
-    from infracourse.grading.remote import _ENV_KEEP, _engine_path
-
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
-    env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=_engine_path(),
-               GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", NCCL_NVLS_ENABLE="0",
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), INFRACOURSE_DEVICE=device)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
 def start_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,
                 device: str = "cpu", probe: str = "", scratch: Path, max_restarts: int = 0,
-                extra_env: dict[str, str] | None = None, stdout=None) -> subprocess.Popen:
+                extra_env: dict[str, str] | None = None, stdout=None) -> launch.Launched:
     """Start `world_size` ranks calling `module.function(**kwargs)` from the learner's folder; returns the
     torchrun process (its whole tree dies with the sandbox). `probe` names a course module whose `install()`
-    runs in each rank before the learner's import (counting collectives, say) and whose `report()` is saved."""
+    runs in each rank before the learner's import (counting collectives, say) and whose `report()` is saved.
+    LaunchNotRun (a failed check) where an earlier launch of the same code hung in this grade."""
+    target = f"{module}.{function}"
+    key = (str(Path(learner_dir).resolve()), target)
+    if (hang := hangs.earlier(key, target)) is not None:
+        raise LaunchNotRun(hang)
+    hangs.starting(target, f"{world_size} ranks under torchrun")
     out = scratch / "ranks"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     args_file = scratch / "args.pt"
     torch.save(kwargs or {}, args_file)
-    confined = sandbox.status().available
+    confined = launch.confining()
     port = 29500 if confined else _free_port()  # inside the sandbox the loopback is the world's own
     command = [sys.executable, "-s", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
                str(world_size), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr",
                "127.0.0.1", "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                "-m", "infracourse.kit.rank_driver", str(Path(learner_dir).resolve()), module, function,
                str(args_file), str(out), probe]
-    env = _environment(scratch, device, world_size)
-    env.update(extra_env or {})
-    if confined:
-        command = sandbox.wrap(command, snapshot=Path(learner_dir).resolve(), scratch=scratch, gpu=device == "cuda")
-    def start(log) -> subprocess.Popen:
-        return subprocess.Popen(command, env=env, cwd=scratch, start_new_session=True, stdout=log,
-                                stderr=subprocess.STDOUT, text=True)
-
-    if stdout is not None:
-        return start(stdout)
-    # beside the scratch, not in it: the world cannot see or replace its own log; cut past output.OUTPUT_LIMIT
-    captured = output.Capture(scratch.parent / f"{scratch.name}.torchrun.log")
-    proc = captured.spawn(start)
-    proc.captured = captured  # collect() reads its tail
+    env = launch.environment(scratch, device=device, **{"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+                                                        "NCCL_NVLS_ENABLE": "0", **(extra_env or {})})
+    # the log beside the scratch, not in it: the world cannot see or replace it; cut past output.OUTPUT_LIMIT
+    log = None if stdout is not None else scratch.parent / f"{scratch.name}.torchrun.log"
+    streams = {} if stdout is None else {"stdout": stdout, "stderr": subprocess.STDOUT}
+    proc = launch.start(command, scratch=scratch, snapshot=Path(learner_dir).resolve(), env=env,
+                        gpu=device == "cuda", log=log, text=True, **streams)
+    proc.hang_key = key  # collect() remembers a launch that overran its limit under this key
     return proc
 
 
-def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s: float,
+def collect(proc: launch.Launched, *, scratch: Path, world_size: int, timeout_s: float,
             started: float | None = None) -> RanksRun:
-    """Wait for a launch (killing its whole tree past `timeout_s`) and load what each rank saved."""
+    """Wait for a launch (killing its whole tree past `timeout_s`, and remembering that it hung: launch.hangs)
+    and load what each rank saved."""
     started = started or time.perf_counter()
+    timeout_s = hangs.limit(timeout_s)
     timed_out = False
     try:
         log, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        kill_tree(proc)
+        proc.kill_tree()
         log, _ = proc.communicate()
+        if getattr(proc, "hang_key", None) is not None:
+            hangs.note(proc.hang_key, proc.hang_key[1], timeout_s)
     wall = time.perf_counter() - started
-    captured = getattr(proc, "captured", None)
+    captured = getattr(proc, "capture", None)
     if captured is not None:
         captured.finish()
         log = captured.tail(8000)
@@ -145,20 +153,26 @@ def collect(proc: subprocess.Popen, *, scratch: Path, world_size: int, timeout_s
         errors.append(saved.get("error") if saved else None)
         probes.append(saved.get("probe") if saved else None)
     return RanksRun(proc.returncode if proc.returncode is not None else -9, outputs, errors, probes,
-                    (log or "")[-8000:], wall, timed_out, scratch, output_cut=bool(captured and captured.cut))
+                    (log or "")[-8000:], wall, timed_out, scratch, output_cut=bool(captured and captured.cut),
+                    limit_s=timeout_s)
 
 
 def run_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,
               device: str = "cpu", probe: str = "", timeout_s: float = 60.0, scratch: Path | None = None,
               max_restarts: int = 0, extra_env: dict[str, str] | None = None) -> RanksRun:
     """Launch, wait, load: the common case of start_ranks + collect. A launch that lost a rank to a runtime
-    signal with no Python error (RanksRun.died_by_signal) is launched once more, and the second run stands."""
+    signal with no Python error (RanksRun.died_by_signal) is launched once more, and the second run stands.
+    One not started because the same code hung earlier in this grade is a run whose failure() says so."""
     scratch = Path(scratch or tempfile.mkdtemp(prefix="infracourse-ranks-"))
     for attempt in (1, 2):
         started = time.perf_counter()
-        proc = start_ranks(module, function, learner_dir=learner_dir, world_size=world_size, kwargs=kwargs,
-                           device=device, probe=probe, scratch=scratch, max_restarts=max_restarts,
-                           extra_env=extra_env)
+        try:
+            proc = start_ranks(module, function, learner_dir=learner_dir, world_size=world_size, kwargs=kwargs,
+                               device=device, probe=probe, scratch=scratch, max_restarts=max_restarts,
+                               extra_env=extra_env)
+        except LaunchNotRun as refused:
+            return RanksRun(-1, [None] * world_size, [None] * world_size, [None] * world_size, "", 0.0,
+                            scratch=scratch, not_run=str(refused))
         run = collect(proc, scratch=scratch, world_size=world_size, timeout_s=timeout_s, started=started)
         run.attempts = attempt
         if not run.died_by_signal():
@@ -186,15 +200,6 @@ def rank_processes(proc: subprocess.Popen) -> dict[int, int]:
         if rank is not None and rank.isdigit():
             found[int(rank)] = child.pid
     return found
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _load(path: Path) -> dict | None:

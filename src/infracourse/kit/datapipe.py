@@ -272,25 +272,24 @@ class DriverRun:
 
 
 def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 60) -> DriverRun:
-    """Run one task (see `_TASKS`) on the learner's pipeline, confined (infracourse.grading.confined); its
-    lines are stamped with time.perf_counter() here, as they arrive."""
+    """Run one task (see `_TASKS`) on the learner's pipeline, confined (infracourse.launch); its lines are
+    stamped with time.perf_counter() here, as they arrive."""
     import subprocess
 
-    from infracourse.grading import confined, output
-    from infracourse.grading.torchrun import kill_tree
+    from infracourse import launch
+    from infracourse.launch import output
 
     scratch.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkstemp(dir=scratch, prefix="task-", suffix=".json")[1])
     path.write_text(json.dumps({**task, "learner": str(Path(snapshot).resolve())}))
     # one malloc arena per thread would reserve address space, not memory: keep two (see the stream task)
-    env = confined.environment(scratch, MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = launch.environment(scratch, MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     # stderr beside the scratch (the driver cannot see or replace it), both streams cut past output.OUTPUT_LIMIT
-    errors = output.Capture(scratch.parent / f"{scratch.name}-{path.stem}.stderr.log")
-    proc = errors.spawn(lambda log: confined.popen(
-        [sys.executable, "-s", "-m", "infracourse.kit.datapipe", str(path)], snapshot=snapshot, scratch=scratch,
-        env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True))
+    proc = launch.start([sys.executable, "-s", "-m", "infracourse.kit.datapipe", str(path)], scratch=scratch,
+                        snapshot=snapshot, env=env, log=scratch.parent / f"{scratch.name}-{path.stem}.stderr.log",
+                        stdout=subprocess.PIPE, text=True)
     killed = threading.Event()
-    timer = threading.Timer(timeout_s, lambda: (killed.set(), kill_tree(proc)))
+    timer = threading.Timer(timeout_s, lambda: (killed.set(), proc.kill_tree()))
     timer.start()
     lines = []
     cut = False
@@ -305,8 +304,7 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
         cut = True  # its session is killed
     proc.wait()  # the timer still runs: a driver that closed its stdout and went on is killed at the limit
     timer.cancel()
-    errors.finish()
-    stderr = errors.tail() + (f"\n{output.CUT_NOTE}" if cut or errors.cut else "")
+    stderr = proc.tail() + (f"\n{output.CUT_NOTE}" if cut or proc.cut else "")
     return DriverRun(lines, None if killed.is_set() else proc.returncode, stderr)
 
 

@@ -40,12 +40,12 @@ KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # a direct child, or the sandb
 
 
 def launch(args: list[str], *, snapshot: Path, scratch: Path, gpu: bool = False, **popen) -> subprocess.Popen:
-    """Start this driver confined like the grading worker (infracourse.grading.confined)."""
-    from infracourse.grading import confined
+    """Start this driver confined like the grading worker (infracourse.launch), in a session of its own."""
+    from infracourse import launch as launcher
 
-    env = confined.environment(scratch, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
-    return confined.popen([sys.executable, "-s", "-m", "infracourse.kit.resume_driver", *args], snapshot=snapshot,
-                          scratch=scratch, gpu=gpu, env=env, **popen)
+    env = launcher.environment(scratch, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
+    return launcher.start([sys.executable, "-s", "-m", "infracourse.kit.resume_driver", *args], scratch=scratch,
+                          snapshot=snapshot, gpu=gpu, env=env, **popen)
 
 
 def _plain(state):

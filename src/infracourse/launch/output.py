@@ -10,11 +10,12 @@ can be as long as the limit, or longer where learner code wrote the file itself.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
+
+from infracourse.launch.group import kill_group
 
 OUTPUT_LIMIT = 64 * 2**20  # far above any honest grade's output (a few KiB), far below a disk or a judge's memory
 TAIL_BYTES = 64 * 2**10    # what a message may quote of a log's end, at most
@@ -52,7 +53,7 @@ def lines(proc: subprocess.Popen, limit: int = OUTPUT_LIMIT) -> Iterator[str]:
     for text in iter(lambda: proc.stdout.readline(TAIL_BYTES), ""):
         seen += len(text)
         if seen > limit:
-            _kill_session(proc.pid)()
+            kill_group(proc.pid)
             raise OutputCut(CUT_NOTE)
         yield text
 
@@ -79,7 +80,7 @@ class Capture:
             raise
         finally:
             os.close(write_fd)  # the process has its copy: the pipe ends when the process (and its children) do
-        self._thread = threading.Thread(target=self._copy, args=(read_fd, _kill_session(proc.pid)),
+        self._thread = threading.Thread(target=self._copy, args=(read_fd, lambda: kill_group(proc.pid)),
                                         name="infracourse-output", daemon=True)
         self._thread.start()
         return proc
@@ -109,12 +110,3 @@ class Capture:
     def tail(self, max_bytes: int = TAIL_BYTES) -> str:
         return read_tail(self.path, max_bytes)
 
-
-def _kill_session(pid: int) -> Callable[[], None]:
-    def kill() -> None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    return kill
