@@ -8,8 +8,11 @@ only if every required check was accepted as passed. lab.yaml is parsed once per
 the parsed spec as JSON in the runner's private temporary folder (written afresh before each judge process
 starts; the sandboxed worker does not see that folder). A check that overruns its timeout gets the judge's
 process group killed (the sandboxed worker dies with it); a judge that dies leaves its running check as
-`error`, and grading goes on in a fresh process for the checks not yet settled. Every check in lab.yaml
-ends with a status; one never reported is an `error`.
+`error`, and grading goes on in a fresh process for the checks not yet settled, handed what the grade settled
+so far (statuses and figures: protocol.write_settled), so its report check compares figures measured before
+the restart. Every check in lab.yaml ends with a status; one never reported is an `error`.
+
+One grade's state is a `GradeSession`; one judge process's, as the runner sees it, a `JudgeRun`.
 """
 from __future__ import annotations
 
