@@ -11,6 +11,11 @@ Three processes, each trusting only what it may:
                    (infracourse.sandbox). Sends back raw outputs and raw measurements only; the judge treats
                    every byte it sends as untrusted data.
 
+Names say the process a thing lives in: in the judge, a `remote.WorkerClient` holds one worker process and
+sends it requests (`Op`); in the worker, a `worker.WorkerLoop` serves them; a `BuildInWorker` is a course
+object the judge asks the worker to build there. ("Worker" here is always the grading worker process, never a
+cohort regrade's parallel grades or a torchrun world's ranks.)
+
 Runner <- judge events, one JSON object per line:
   {"event": "start",  "check": ID}
   {"event": "calling", "check": ID, "target": "module.function", "inputs": "float32[3, 129]", "elements": int}
