@@ -117,14 +117,21 @@ class Channel:
     """The runner's side of one judge process: lines in, accepted results out."""
 
     def __init__(self, lab, settled=None):
-        self.lab, self.settled = lab, settled or {}
-        self.known = {c.id for c in lab.spec.checks}
-        self.started, self.newly, self.running, self.seen, self.calling = set(), {}, None, [], {}
+        self.seen = []
+        self.session = runner.GradeSession(lab=lab, work=FIXTURE, snapshot=FIXTURE, env={}, settled=settled or {},
+                                           on_event=self.seen.append)
+        self.judge = runner.JudgeRun(known={c.id for c in lab.spec.checks})
+
+    @property
+    def newly(self):
+        return self.judge.newly
+
+    @property
+    def running(self):
+        return self.judge.running
 
     def send(self, **event):
-        line = json.dumps(event).encode() if event else b"not json at all"
-        self.running = runner._accept(line, self.lab, self.known, self.started, self.settled, self.newly,
-                                      self.running, self.seen.append, self.calling)
+        runner._accept(json.dumps(event).encode() if event else b"not json at all", self.session, self.judge)
 
 
 def test_a_result_counts_only_after_its_own_start_and_only_once(lab):

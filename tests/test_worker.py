@@ -335,3 +335,22 @@ def test_gradcheck_through_the_worker(codec):
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: codec.mixed(a, b), (x, w))
+
+
+def test_every_op_has_one_handler_and_an_unknown_op_is_refused(tmp_path):
+    """The judge's requests are protocol.Op, served by the worker's handler table: one handler per op, each
+    answering with a protocol.Reply; an op outside the enum is refused at both ends."""
+    from infracourse.grading.protocol import Op, ProtocolError, Reply
+    from infracourse.grading.remote import WorkerClient
+    from infracourse.grading.worker import WorkerLoop
+
+    assert set(WorkerLoop.HANDLERS) == set(Op)
+    loop = WorkerLoop(-1, -1, Path("."))
+    assert loop.handle({"op": "ping"}, loop.decoder({}, [])) == Reply()
+    with pytest.raises(ProtocolError, match="unknown op 'exec'"):
+        loop.handle({"op": "exec"}, loop.decoder({}, []))
+    client = WorkerClient(tmp_path, gpu=False)
+    with pytest.raises(ValueError):
+        client.request("exec")  # refused before any worker starts
+    assert client.proc is None
+    client.close()

@@ -8,8 +8,9 @@ only, all set by the runner:
                            check ids, needs, requires, thresholds. lab.yaml is parsed once per grade, by the runner
   --infracourse-learner    folder holding the snapshot of the learner's files
   --infracourse-events-fd  inherited pipe: a `start` line before and a `result` line after every check
-  --infracourse-settled    id=status pairs, comma-separated, of checks already settled (blocked here, or by an
-                           earlier judge process of this grade): not run again; they still count for `requires`
+  --infracourse-settled    settled.json (grading.protocol): checks already settled (blocked here, or by an earlier
+                           judge process of this grade): not run again; their statuses count for `requires`, their
+                           figures for the report check
   --infracourse-only       check ids, comma-separated, of a partial grade (grading.selection): the others are not
                            run; empty: every check
 A grader test names its check with `@pytest.mark.check("id")`; grading.fixtures gives it the learner's
@@ -33,9 +34,9 @@ import pytest
 
 from infracourse.failures import LabCheckFailed, WrongOutput
 from infracourse.grading.fixtures import CHECK_KEY
-from infracourse.grading.protocol import FATAL_EXIT
+from infracourse.grading.protocol import FATAL_EXIT, read_settled
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
-from infracourse.grading.results import Figure
+from infracourse.grading.results import Figure, figures_of
 from infracourse.grading.shared import SORTS_AS, shared_module
 from infracourse.launch import hangs
 from infracourse.syllabus import Lab
@@ -59,7 +60,7 @@ def pytest_addoption(parser):
     group.addoption("--infracourse-spec", help="that lab.yaml as the runner parsed it, as JSON")
     group.addoption("--infracourse-learner", help="folder with the snapshot of the learner's files")
     group.addoption("--infracourse-events-fd", type=int, help="inherited pipe for JSON-lines check events")
-    group.addoption("--infracourse-settled", default="", help="id=status pairs already settled, comma-separated")
+    group.addoption("--infracourse-settled", default="", help="settled.json: the checks already settled")
     group.addoption("--infracourse-hung", default="", help="learner functions that overran a limit, comma-separated")
     group.addoption("--infracourse-only", default="", help="check ids of a partial grade, comma-separated")
 
@@ -85,11 +86,13 @@ class _Session:
         self.lab = _spec(config)
         self.learner_dir = Path(config.getoption("--infracourse-learner")).resolve()
         self.events_fd = config.getoption("--infracourse-events-fd")
-        pairs = [p.split("=", 1) for p in config.getoption("--infracourse-settled").split(",") if p]
-        self.statuses: dict[str, str] = dict(pairs)
+        settled_path = config.getoption("--infracourse-settled")
+        settled = read_settled(Path(settled_path)) if settled_path else {}
+        self.statuses: dict[str, str] = {check: status for check, (status, _) in settled.items()}
         self.skip = set(self.statuses)
         self.only = {i for i in config.getoption("--infracourse-only").split(",") if i}  # empty: every check
-        self.figures: dict[str, dict[str, Figure]] = {}  # check id -> the figures it recorded in this process
+        # check id -> the figures it recorded in this grade (this process's, and those of the judges before it)
+        self.figures: dict[str, dict[str, Figure]] = {check: figures_of(f) for check, (_, f) in settled.items()}
         self.worker = None  # started by the `learner` fixture on first use
         self.hung = {name for name in config.getoption("--infracourse-hung").split(",") if name}
         self.current: str | None = None  # the check running now

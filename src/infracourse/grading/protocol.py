@@ -11,6 +11,11 @@ Three processes, each trusting only what it may:
                    (infracourse.sandbox). Sends back raw outputs and raw measurements only; the judge treats
                    every byte it sends as untrusted data.
 
+Names say the process a thing lives in: in the judge, a `remote.WorkerClient` holds one worker process and
+sends it requests (`Op`); in the worker, a `worker.WorkerLoop` serves them; a `BuildInWorker` is a course
+object the judge asks the worker to build there. ("Worker" here is always the grading worker process, never a
+cohort regrade's parallel grades or a torchrun world's ranks.)
+
 Runner <- judge events, one JSON object per line:
   {"event": "start",  "check": ID}
   {"event": "calling", "check": ID, "target": "module.function", "inputs": "float32[3, 129]", "elements": int}
@@ -18,9 +23,17 @@ Runner <- judge events, one JSON object per line:
                    Triton interpreter each call gets its own limit, grown with its input: runner.call_limit)
   {"event": "result", "check": ID, "status": S, "message": str, "figures": {name: Figure}, "duration": s}
 
+Runner -> judge, files in the runner's private temporary folder, named by command-line options (plugin):
+  lab.json         the week's lab.yaml as the runner parsed it (syllabus.Lab)
+  settled.json     {ID: {"status": S, "figures": {name: Figure}}}: the checks this grade settled before this judge
+                   process started (blocked here, or settled by an earlier judge process of the grade, which a hang
+                   or a crash ended). Not run again; their statuses count for `requires` and their figures are
+                   what the report check compares (write_settled / read_settled)
+
 Judge <-> worker messages (framed below, both directions):
-  judge -> worker  {"id": n, "op": OP, ...}             OP in WORKER_OPS
-  worker -> judge  {"id": n, "ok": true, "value": V, "record": {...}}
+  judge -> worker  {"id": n, "op": OP, "release": [handle, ...], ...}   OP an `Op`, its fields listed there;
+                   `release`: handles the judge dropped, freed before the request runs
+  worker -> judge  {"id": n, "ok": true, "value": V, "record": {...}, "graph": g | null}   (every op: `Reply`)
                    {"id": n, "ok": false, "error": {"type", "message", "where"}}
                    {"callback": c, "cid": k, "args": V, "kwargs": V}   (worker asks the judge to run one of the
                                                                          judge's callables it was given)
@@ -32,6 +45,7 @@ message can only produce the types listed in `decode`.
 """
 from __future__ import annotations
 
+import enum
 import json
 import os
 import struct
@@ -44,11 +58,38 @@ FATAL_EXIT = 87  # a judge exiting with this code says "the device is unusable h
 MAX_MESSAGE_BYTES = 2 * 2**30       # a larger message from a worker is refused, not read
 MAX_HEADER_BYTES = 64 * 2**20
 MAX_DEPTH = 64
-WORKER_OPS = ("import", "getattr", "call", "build", "time_prepare", "time_run", "time_idle", "time_outputs", "backward", "release",
-              "ping")
 EVENT_KINDS = ("start", "calling", "result")
 STATUSES = ("passed", "failed", "error", "blocked")
 _HEADER = struct.Struct("<II")  # header length, blob count
+
+
+class Op(enum.StrEnum):
+    """A judge -> worker request: the op, the fields it carries besides id/op/release, and its reply's value.
+    The worker answers every op with one `Reply` (grading.worker's handler table: one handler per op)."""
+    PING = "ping"                  # {} -> None: the worker is up (remote.ready)
+    IMPORT = "import"              # {module} -> a Handle on the learner's module
+    GETATTR = "getattr"            # {target: handle, name} -> the attribute (plain data or a Handle)
+    RELEASE = "release"            # {handles} -> None
+    CALL = "call"                  # {target, args, kwargs, watch?} -> the output; record: the watched call's
+                                   # evidence; graph: its autograd graph when inputs and outputs need grad
+    BUILD = "build"                # {object: BuildInWorker} -> the course object's value, or a Handle
+    BACKWARD = "backward"          # {graph, grads} -> the inputs' gradients (one vector-Jacobian product)
+    TIME_PREPARE = "time_prepare"  # {target, make_args, options, calls} -> event-timed samples; record: a
+                                   # watched pass (grading.perf)
+    TIME_RUN = "time_run"          # {salt, calls, hold_s} -> the clocked batch's hold, calls and enqueue time
+    TIME_IDLE = "time_idle"        # {hold_s} -> the hold of a batch of no calls
+    TIME_OUTPUTS = "time_outputs"  # {indices} -> the picked outputs of the clocked batch; record: its launches
+
+
+@dataclass
+class Reply:
+    """The worker's answer to any op: `value` (V), `record` (evidence, {} when none) and `graph` (an autograd
+    graph kept in the worker for Op.BACKWARD, else None). `aliases`: (device, data_ptr) -> index of the
+    request's argument storage, so a reply's tensor that is an argument's storage travels as that alias."""
+    value: Any = None
+    record: dict = field(default_factory=dict)
+    graph: int | None = None
+    aliases: dict = field(default_factory=dict)
 
 
 class ProtocolError(Exception):
@@ -117,11 +158,16 @@ class Foreign:
 
 
 @dataclass
-class WorkerObject:
-    """A course object to build inside the worker: `target` is 'infracourse.<module>:<name>' called with args."""
+class BuildInWorker:
+    """A course object to build inside the worker process, around the learner's code there: `target` is
+    'infracourse.<module>:<name>', called with args and kwargs in the worker; the judge gets its value when plain
+    data, else a Handle."""
     target: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+
+
+WorkerObject = BuildInWorker  # its former name, which graders still import
 
 
 @dataclass
@@ -149,7 +195,7 @@ class Encoder:
             return items if isinstance(value, list) and type(value) is list else {"tuple": items}
         if isinstance(value, dict) and type(value) is dict and all(isinstance(k, str) for k in value):
             return {"dict": {k: self.encode(v, depth + 1) for k, v in value.items()}}
-        if isinstance(value, WorkerObject):
+        if isinstance(value, BuildInWorker):
             return {"object": value.target, "args": self.encode(tuple(value.args), depth + 1),
                     "kwargs": self.encode(dict(value.kwargs), depth + 1)}
         if isinstance(value, Handle):
@@ -235,7 +281,7 @@ class Decoder:
     storages: list
     device_map: Callable[[str], str] = lambda device: device   # where rebuilt tensors live on this side
     on_callback: Callable[[int], Any] | None = None            # worker: a callback id becomes a callable
-    on_object: Callable[[dict], Any] | None = None             # worker: build a WorkerObject
+    on_object: Callable[[dict], Any] | None = None             # worker: build a BuildInWorker
     on_handle: Callable[[int], Any] | None = None              # either side: look up / wrap a handle
     alias_storages: list = field(default_factory=list)         # judge: storages of the call's own arguments
     _built: dict = field(default_factory=dict)
@@ -387,3 +433,15 @@ def validate_event(event: Any, known_checks: set[str]) -> dict:
         if not isinstance(event.get("message", ""), str) or not isinstance(event.get("figures", {}), dict):
             raise ProtocolError("a result's message or figures have the wrong type")
     return event
+
+
+# ---------------------------------------------------------------------------------------------- settled checks
+def write_settled(path: Path, settled: dict[str, tuple[str, dict]]) -> None:
+    """The runner's settled.json: check id -> (status, {figure name: the Figure's JSON object})."""
+    path.write_text(json.dumps({k: {"status": s, "figures": f} for k, (s, f) in settled.items()}), encoding="utf-8")
+
+
+def read_settled(path: Path) -> dict[str, tuple[str, dict]]:
+    """The judge's reading of settled.json (written by the runner, which checked every figure: grading.results)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return {str(k): (str(v["status"]), dict(v.get("figures") or {})) for k, v in data.items()}

@@ -26,11 +26,12 @@ from typing import Any, Callable
 
 from infracourse import launch
 from infracourse.grading import protocol
+from infracourse.grading.protocol import (COMPILE_CACHE_ENV, BuildInWorker, Decoder, Encoder, Foreign, Handle, Op,
+                                         ProtocolError, WorkerObject)
 from infracourse.launch import output
-from infracourse.grading.protocol import (COMPILE_CACHE_ENV, Decoder, Encoder, Foreign, Handle, ProtocolError,
-                                         WorkerObject)
 
-__all__ = ["Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerFailed", "WorkerObject"]
+__all__ = ["BuildInWorker", "Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerClient", "WorkerFailed",
+           "WorkerObject"]
 
 class WorkerFailed(Exception):
     """The worker died, hung up, or broke the protocol: the check that was running is an `error`."""
@@ -62,8 +63,9 @@ class CallResult:
     graph: int | None = None                      # the worker's autograd graph of this call, if any
 
 
-class Worker:
-    """One sandboxed worker process for one grading session, started on first use."""
+class WorkerClient:
+    """The judge's side of one sandboxed worker process for one grading session (started on first use): it
+    lives in the judge and sends the worker its requests (protocol.Op)."""
 
     def __init__(self, learner_dir: Path, *, gpu: bool, scratch: Path | None = None):
         self.learner_dir = learner_dir.resolve()
@@ -122,7 +124,7 @@ class Worker:
     def ready(self) -> None:
         """Start a fresh worker if the last one died and wait until it answers, so that its start-up (importing
         torch) is not charged to the next check's time limit."""
-        self.request("ping")
+        self.request(Op.PING)
 
     def close(self) -> None:
         """Stop the worker and everything it started (the sandbox's PID namespace dies with its init)."""
@@ -205,10 +207,11 @@ class Worker:
         return f"the process running your code {what}" + (f"; its last output:\n{tail}" if tail else "")
 
     # ------------------------------------------------------------------ requests
-    def request(self, op: str, values: dict | None = None, *, alias_args: list | None = None,
+    def request(self, op: Op | str, values: dict | None = None, *, alias_args: list | None = None,
                 generation: int | None = None, **fields) -> Any:
-        """Send one request and wait for its answer, serving the worker's callbacks meanwhile. `generation`:
-        the worker process the request's handles came from; if that one has died, WorkerFailed."""
+        """Send one request and wait for its answer (a protocol.Reply), serving the worker's callbacks meanwhile.
+        `generation`: the worker process the request's handles came from; if that one has died, WorkerFailed."""
+        op = Op(op)  # an op the worker does not serve is the judge's bug: ValueError here, before anything is sent
         with self.lock:
             self.start()
             if generation is not None and generation != self.generation:
@@ -303,12 +306,12 @@ class Worker:
     # ------------------------------------------------------------------ learner code
     def module(self, name: str) -> "RemoteObject":
         """The learner's module `name`; if its worker dies, the next use imports it again in a fresh one."""
-        module = self.request("import", module=name).value
+        module = self.request(Op.IMPORT, module=name).value
         if isinstance(module, RemoteObject):
             object.__setattr__(module, "_origin", ("import", name))
         return module
 
-    def build(self, spec: WorkerObject) -> Any:
+    def build(self, spec: BuildInWorker) -> Any:
         """Build a course object (`spec.target` in infracourse.*) inside the worker, for code that must run
         there around the learner's (a training step with their norm, a profiler around their call): its value
         when plain data, else a RemoteObject. Learner objects among the top-level args and kwargs (RemoteObjects)
@@ -316,9 +319,9 @@ class Worker:
         def own(value):
             return value._handle if isinstance(value, RemoteObject) and value._worker is self else value
 
-        spec = WorkerObject(spec.target, tuple(own(a) for a in spec.args),
-                            {k: own(v) for k, v in spec.kwargs.items()})
-        return self.request("build", {"object": spec}).value
+        spec = BuildInWorker(spec.target, tuple(own(a) for a in spec.args),
+                             {k: own(v) for k, v in spec.kwargs.items()})
+        return self.request(Op.BUILD, {"object": spec}).value
 
 
 def _describe(args: tuple) -> tuple[str, int]:
@@ -349,6 +352,9 @@ def compile_cache() -> Path | None:
     return path.resolve() if path is not None and path.is_dir() else None
 
 
+Worker = WorkerClient  # its former name, which the fixtures and tests still use
+
+
 STALE = ("this object of your code lived in a worker process that has since stopped (an earlier check crashed "
          "or killed it); it cannot be used in the fresh one")
 
@@ -361,7 +367,7 @@ class RemoteObject:
     take the next ones with it. Any other object (what a call returned) dies with its worker: using it
     afterwards raises WorkerFailed."""
 
-    def __init__(self, worker: Worker, handle: Handle, origin: tuple | None = None):
+    def __init__(self, worker: WorkerClient, handle: Handle, origin: tuple | None = None):
         object.__setattr__(self, "_worker", worker)
         object.__setattr__(self, "_raw", handle)
         object.__setattr__(self, "_generation", worker.generation)
@@ -377,10 +383,10 @@ class RemoteObject:
                 if self._origin is None:
                     raise WorkerFailed(STALE)
                 if self._origin[0] == "import":
-                    fresh = worker.request("import", module=self._origin[1]).value
+                    fresh = worker.request(Op.IMPORT, module=self._origin[1]).value
                 else:
                     parent, name = self._origin
-                    fresh = worker.request("getattr", target=parent._handle.id, name=name).value
+                    fresh = worker.request(Op.GETATTR, target=parent._handle.id, name=name).value
                 if not isinstance(fresh, RemoteObject):
                     raise WorkerFailed(f"{STALE} (it is no longer an object of your code there)")
                 object.__setattr__(self, "_raw", fresh._raw)
@@ -395,7 +401,7 @@ class RemoteObject:
         if name.startswith("__") or name in ("_raw", "_generation", "_origin", "_worker"):
             raise AttributeError(name)
         target, generation = self._target()
-        value = self._worker.request("getattr", target=target, name=name, generation=generation).value
+        value = self._worker.request(Op.GETATTR, target=target, name=name, generation=generation).value
         if isinstance(value, RemoteObject) and self._origin is not None:
             object.__setattr__(value, "_origin", (self, name))  # re-found by name after a worker's death
         return value
@@ -413,7 +419,7 @@ class RemoteObject:
         flat = list(args) + list(kwargs.values())
         needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
         target, generation = self._target()
-        result = self._worker.request("call", {"args": tuple(args), "kwargs": dict(kwargs)}, target=target,
+        result = self._worker.request(Op.CALL, {"args": tuple(args), "kwargs": dict(kwargs)}, target=target,
                                       watch=watch, alias_args=flat, generation=generation)
         if watch is not None:
             from infracourse.grading.provenance import require_clean_sources
@@ -440,7 +446,7 @@ class RemoteObject:
         return f"<learner {self._raw.type_name} in the grading worker>"
 
 
-def _bridge_autograd(worker: Worker, result: CallResult, inputs: list) -> Any:
+def _bridge_autograd(worker: WorkerClient, result: CallResult, inputs: list) -> Any:
     """Make the outputs of a remote call differentiable in the judge: backward runs in the worker."""
     import torch
 
@@ -459,7 +465,7 @@ def _bridge_autograd(worker: Worker, result: CallResult, inputs: list) -> Any:
         @staticmethod
         def backward(ctx, *grads):
             grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, tensors)]
-            got = worker.request("backward", {"grads": grads}, graph=graph, generation=generation).value
+            got = worker.request(Op.BACKWARD, {"grads": grads}, graph=graph, generation=generation).value
             got = list(got) + [None] * (len(leaves) - len(got))
             return tuple(g if g is None or isinstance(g, torch.Tensor) else None for g in got[:len(leaves)])
 

@@ -118,9 +118,9 @@ def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: di
     if status != "passed":
         raise LabCheckFailed(f"{name}: {figure.name} cannot be checked: the check {figure.check!r}, which measures "
                              f"it, did not pass in this grade ({status}). Make it pass first")
-    if recorded is None:  # passed in an earlier judge process of this grade (restarted), or a course bug
-        raise RuntimeError(f"the grader has no {figure.measured!r} from check {figure.check!r} in this process to "
-                           f"compare {figure.name} with; grade again (not a fault of your report)")
+    if recorded is None:  # a restarted judge has the earlier ones too (the runner's settled.json): a course bug
+        raise RuntimeError(f"the grader has no {figure.measured!r} from check {figure.check!r} to compare "
+                           f"{figure.name} with: a course bug, not a fault of your report; please report it")
     value = recorded.get(figure.compare_with) if isinstance(recorded, dict) else \
         getattr(recorded, figure.compare_with, None)
     if not isinstance(value, (int, float)):

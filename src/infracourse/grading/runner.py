@@ -8,8 +8,11 @@ only if every required check was accepted as passed. lab.yaml is parsed once per
 the parsed spec as JSON in the runner's private temporary folder (written afresh before each judge process
 starts; the sandboxed worker does not see that folder). A check that overruns its timeout gets the judge's
 process group killed (the sandboxed worker dies with it); a judge that dies leaves its running check as
-`error`, and grading goes on in a fresh process for the checks not yet settled. Every check in lab.yaml
-ends with a status; one never reported is an `error`.
+`error`, and grading goes on in a fresh process for the checks not yet settled, handed what the grade settled
+so far (statuses and figures: protocol.write_settled), so its report check compares figures measured before
+the restart. Every check in lab.yaml ends with a status; one never reported is an `error`.
+
+One grade's state is a `GradeSession`; one judge process's, as the runner sees it, a `JudgeRun`.
 """
 from __future__ import annotations
 
@@ -23,14 +26,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
+from infracourse.grading.protocol import (COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event,
+                                         write_settled)
 from infracourse.launch import group, hangs
 from infracourse.launch.output import read_tail
-from infracourse.grading.protocol import COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event
 from infracourse.grading.results import CheckResult, FigureError, GradeResult, figures_of
 from infracourse.grading.selection import with_prerequisites
 from infracourse.hardware import Hardware, detect
@@ -99,15 +104,13 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
         if compile_cache is not None:
             compile_cache.mkdir(parents=True, exist_ok=True)
             env[COMPILE_CACHE_ENV] = str(compile_cache.resolve())
-        hung: set[str] = set()  # learner functions that overran a limit: the next judge does not call them
+        session = GradeSession(lab=lab, work=work, snapshot=snapshot, env=env, settled=settled, on_event=on_event,
+                               timeout_scale=timeout_scale, only=only)
         log_tail = ""
-        for _attempt in range(len(graded) + 1):
-            pending = [c for c in graded if c.id not in settled]
-            if not pending:
+        for attempt in range(len(graded) + 1):
+            if all(c.id in settled for c in graded):
                 break
-            log_path = work / f"judge-{_attempt}.log"
-            newly, log_tail = _run_once(lab, snapshot, log_path, work, env, settled, on_event, timeout_scale, hung,
-                                        only)
+            newly, log_tail = _run_judge(session, attempt)
             settled.update(newly)
             if not newly:
                 break  # the process settled nothing: a grader or collection error; stop retrying
@@ -150,30 +153,65 @@ def _result(check, status: str, message: str, figures: dict | None = None, secon
                        message=message, figures=figures or {}, seconds=seconds)
 
 
-def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settled: dict[str, CheckResult],
-              on_event: EventHandler | None, timeout_scale: float, hung: set[str],
-              only: set[str] | None = None) -> tuple[dict[str, CheckResult], str]:
+@dataclass
+class GradeSession:
+    """What every judge process of one grade shares, kept by the runner: the lab and its parsed spec, the grade's
+    private folder (`work`) and the learner's snapshot in it, the judges' environment, and what this grade has
+    settled so far: check results (with their figures) and the learner functions that hung."""
+    lab: LabDir
+    work: Path
+    snapshot: Path
+    env: dict[str, str]
+    settled: dict[str, CheckResult]
+    on_event: EventHandler | None = None
+    timeout_scale: float = 1.0
+    only: set[str] | None = None  # a partial grade's check ids (and what they require); None: every check
+    hung: set[str] = field(default_factory=set)  # learner functions that overran a limit: not called again
+
+    @property
+    def interpreted(self) -> bool:
+        """Triton kernels run in its interpreter here (no GPU): each learner call gets its own limit."""
+        return self.env.get("TRITON_INTERPRET") == "1"
+
+    def tell(self, event: dict) -> None:
+        if self.on_event:
+            self.on_event(event)
+
+
+@dataclass
+class JudgeRun:
+    """The runner's view of one judge process: what it started, what it settled, what is running now."""
+    known: set[str]
+    newly: dict[str, CheckResult] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+    calling: dict[str, dict] = field(default_factory=dict)  # check -> the calling event of its last learner call
+    running: tuple[str, float] | None = None  # (check id, monotonic time its limit counts from)
+
+
+def _run_judge(session: GradeSession, attempt: int) -> tuple[dict[str, CheckResult], str]:
+    """Run one judge process over the checks not yet settled; returns what it settled and its log's tail."""
+    lab, work = session.lab, session.work
     spec_path = work / "lab.json"  # the parsed lab.yaml, for the judge: afresh for every judge process
     spec_path.write_text(lab.spec.model_dump_json(), encoding="utf-8")
+    settled_path = work / "settled.json"  # what earlier judges of this grade settled, figures included
+    write_settled(settled_path, {k: (r.status, {n: f.as_dict() for n, f in r.figures.items()})
+                                 for k, r in session.settled.items()})
+    log_path = work / f"judge-{attempt}.log"
     read_fd, write_fd = os.pipe()
     command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
                "-q", "--no-header", "-p", "no:cacheprovider", "--basetemp", str(work / "pt"),
                "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-spec", str(spec_path),
-               "--infracourse-learner", str(snapshot),
+               "--infracourse-learner", str(session.snapshot),
                "--infracourse-events-fd", str(write_fd),
-               "--infracourse-settled", ",".join(f"{k}={r.status}" for k, r in settled.items()),
-               "--infracourse-hung", ",".join(sorted(hung)), "--infracourse-only", ",".join(sorted(only or ()))]
-    known = {c.id for c in lab.spec.checks}
-    newly: dict[str, CheckResult] = {}
-    started: set[str] = set()
-    calling: dict[str, dict] = {}  # check -> the calling event of the learner call it made last
-    running: tuple[str, float] | None = None
-    interpreted = env.get("TRITON_INTERPRET") == "1"
-    kernels_interpreted = interpreted and _uses_triton(snapshot)  # a hang's message speaks of tiles only then
+               "--infracourse-settled", str(settled_path),
+               "--infracourse-hung", ",".join(sorted(session.hung)),
+               "--infracourse-only", ",".join(sorted(session.only or ()))]
+    judge = JudgeRun(known={c.id for c in lab.spec.checks})
+    kernels_interpreted = session.interpreted and _uses_triton(session.snapshot)  # a hang's message: tiles then
     buffer = b""
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, cwd=work, env=session.env, stdout=log, stderr=subprocess.STDOUT,
                                 pass_fds=(write_fd,), start_new_session=True,
                                 preexec_fn=group.parent_death_hook())  # dies with us, e.g. on a kill -9
         os.close(write_fd)
@@ -187,35 +225,42 @@ def _run_once(lab, snapshot: Path, log_path: Path, work: Path, env: dict, settle
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        running = _accept(line, lab, known, started, settled, newly, running, on_event, calling,
-                                          interpreted)
-                if running:
-                    check = lab.spec.check(running[0])
-                    call = calling.get(check.id, {})
-                    limit = call_limit(check.timeout_s * timeout_scale, call, interpreted)
-                    if time.monotonic() - running[1] > limit:
-                        _kill(proc)
-                        function = call.get("target")
-                        if function:
-                            hung.add(function)
-                        newly[check.id] = _result(check, "error", _overran(limit, call, kernels_interpreted))
-                        if on_event:
-                            on_event({"event": "result", "check": check.id, "status": "error"})
-                        running = None
-                        break
+                        _accept(line, session, judge)
+                if judge.running and _overran_limit(session, judge, kernels_interpreted):
+                    _kill(proc)
+                    break
         except BaseException:
             _kill(proc)  # Ctrl-C: never leave a grader running behind the learner's back
             raise
         finally:
             os.close(read_fd)
         proc.wait()
-    if running and running[0] not in newly:
-        check = lab.spec.check(running[0])
-        newly[check.id] = _result(check, "error", f"the grading process died during this check: "
-                                  f"{_signal_name(proc.returncode)}; the other checks went on")
-        if on_event:
-            on_event({"event": "result", "check": check.id, "status": "error"})
-    return newly, read_tail(log_path)
+    if judge.running and judge.running[0] not in judge.newly:
+        _settle(session, judge, "error", f"the grading process died during this check: "
+                f"{_signal_name(proc.returncode)}; the other checks went on")
+    return judge.newly, read_tail(log_path)
+
+
+def _overran_limit(session: GradeSession, judge: JudgeRun, kernels_interpreted: bool) -> bool:
+    """Whether the running check overran its limit: then it is settled as an `error` naming the call that hung,
+    and that function is remembered as hung for the next judge."""
+    check = session.lab.spec.check(judge.running[0])
+    call = judge.calling.get(check.id, {})
+    limit = call_limit(check.timeout_s * session.timeout_scale, call, session.interpreted)
+    if time.monotonic() - judge.running[1] <= limit:
+        return False
+    if call.get("target"):
+        session.hung.add(call["target"])
+    _settle(session, judge, "error", _overran(limit, call, kernels_interpreted))
+    return True
+
+
+def _settle(session: GradeSession, judge: JudgeRun, status: str, message: str) -> None:
+    """The runner's own verdict on the running check (it overran, or its judge died)."""
+    check = session.lab.spec.check(judge.running[0])
+    judge.newly[check.id] = _result(check, status, message)
+    judge.running = None
+    session.tell({"event": "result", "check": check.id, "status": status})
 
 
 def call_limit(limit: float, call: dict, interpreted: bool) -> float:
@@ -246,43 +291,39 @@ def _overran(limit: float, call: dict, interpreted: bool) -> str:
     return message
 
 
-def _accept(line: bytes, lab, known: set[str], started: set[str], settled: dict, newly: dict,
-            running: tuple[str, float] | None, on_event: EventHandler | None,
-            calling: dict[str, dict], interpreted: bool = False) -> tuple[str, float] | None:
-    """Take one event line if the contract allows it; returns the check now running."""
+def _accept(line: bytes, session: GradeSession, judge: JudgeRun) -> None:
+    """Take one event line of `judge` if the contract allows it (judge.running: the check running after it)."""
     try:
-        event = validate_event(json.loads(line), known)
+        event = validate_event(json.loads(line), judge.known)
     except (ValueError, ProtocolError):
-        return running  # not an event of ours: ignored (it can neither start nor settle a check)
-    check = lab.spec.check(event["check"])
-    if check.id in settled or check.id in newly:
-        return running  # settled already (blocked here, or reported once): never overwritten
+        return  # not an event of ours: ignored (it can neither start nor settle a check)
+    check = session.lab.spec.check(event["check"])
+    if check.id in session.settled or check.id in judge.newly:
+        return  # settled already (blocked here, or reported once): never overwritten
+    running = judge.running is not None and judge.running[0] == check.id
     if event["event"] == "calling":
-        if running and running[0] == check.id:
-            calling[check.id] = event
-            if interpreted:  # each call gets its own limit there (call_limit)
-                running = (check.id, time.monotonic())
-            if on_event:  # what the running check is calling now (a progress display; a grade's timeline)
-                on_event(event)
-        return running
+        if running:
+            judge.calling[check.id] = event
+            if session.interpreted:  # each call gets its own limit there (call_limit)
+                judge.running = (check.id, time.monotonic())
+            session.tell(event)  # what the running check is calling now (a progress display; a grade's timeline)
+        return
     if event["event"] == "start":
-        started.add(check.id)
-        running = (check.id, time.monotonic())
-    elif check.id in started and running and running[0] == check.id:
+        judge.started.add(check.id)
+        judge.running = (check.id, time.monotonic())
+    elif check.id in judge.started and running:
         status, message = event["status"], str(event.get("message", ""))[:4000]
         try:
             figures = figures_of(event.get("figures") or {})
         except FigureError as exc:  # the judge recorded what no Figure is: the check cannot stand on it
             status, figures = "error", {}
             message = f"the grader sent a malformed figure ({exc}); this is a course bug, please report it"
-        newly[check.id] = _result(check, status, message, figures, float(event.get("duration") or 0.0))
+        judge.newly[check.id] = _result(check, status, message, figures, float(event.get("duration") or 0.0))
         event = event | {"status": status}
-        running = None
+        judge.running = None
     else:
-        return running  # a result without its own start first
-    if on_event:
-        on_event(event)
-    return running
+        return  # a result without its own start first
+    session.tell(event)
 
 
 def _tail(log: str, lines: int = 12) -> str:

@@ -1,7 +1,8 @@
 """The worker: the only process that imports and calls the learner's code (child side of grading.protocol).
 
 Started by grading.remote inside the sandbox as `python -m infracourse.grading.worker --in R --out W
---learner DIR`. It answers the judge's requests one at a time on the main thread; a reader thread routes the
+--learner DIR`. Its `WorkerLoop` answers the judge's requests one at a time on the main thread, each op
+(protocol.Op) by its handler in `WorkerLoop.HANDLERS`, each answer a protocol.Reply; a reader thread routes the
 judge's answers to callbacks, which the learner's code may call from any thread. Everything it reports is
 evidence for the judge to check, never a verdict: learner code runs here and could change any of it.
 """
@@ -18,15 +19,18 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from infracourse.grading import protocol
-from infracourse.grading.protocol import Decoder, Encoder, ProtocolError
+from infracourse.grading.protocol import Decoder, Encoder, Op, ProtocolError, Reply
 
 MAX_BATCH = 64
 
 
-class Worker:
+class WorkerLoop:
+    """The worker process's side of the channel: the learner's objects it holds (by handle) and the requests
+    it serves."""
+
     def __init__(self, fd_in: int, fd_out: int, learner_dir: Path):
         self.fd_in, self.fd_out = fd_in, fd_out
         self.learner_dir = learner_dir.resolve()
@@ -99,43 +103,42 @@ class Worker:
                 return
             header, blobs = item
             try:
-                args_storages: dict = {}
-                reply, aliases = self.handle(header, self.decoder(header, blobs), args_storages)
-                self.send({"id": header.get("id"), "ok": True}, reply, aliases)
+                reply = self.handle(header, self.decoder(header, blobs))
+                self.send({"id": header.get("id"), "ok": True, "graph": reply.graph},
+                          {"value": reply.value, "record": reply.record}, reply.aliases)
             except BaseException as exc:  # anything the learner's code raises is reported, never fatal here
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)) and not isinstance(exc, SystemExit):
                     raise
                 self.send({"id": header.get("id"), "ok": False, "error": self.describe(exc)}, {})
 
-    def handle(self, header: dict, decoder: Decoder, args_storages: dict) -> tuple[dict, dict]:
-        op = header.get("op")
+    def handle(self, header: dict, decoder: Decoder) -> Reply:
+        """Free the handles the judge released, then answer the request by its op's handler."""
+        try:
+            op = Op(header.get("op"))
+        except ValueError:
+            raise ProtocolError(f"unknown op {header.get('op')!r}") from None
         for key in header.get("release", []):
             self.objects.pop(key, None)
-        if op == "ping":
-            return {"value": None}, {}
-        if op == "import":
-            return {"value": self.import_module(str(header["module"]))}, {}
-        if op == "getattr":
-            return {"value": getattr(self.objects[header["target"]], str(header["name"]))}, {}
-        if op == "release":
-            for key in header.get("handles", []):
-                self.objects.pop(key, None)
-            return {"value": None}, {}
-        if op == "call":
-            return self.call(header, decoder)
-        if op == "build":  # a course object (a probe around learner code), built here: its value or a handle
-            return {"value": decoder.decode(header.get("object"))}, {}
-        if op == "backward":
-            return self.backward(header, decoder), {}
-        if op == "time_prepare":
-            return self.time_prepare(header, decoder), {}
-        if op == "time_run":
-            return self.time_run(header), {}
-        if op == "time_idle":
-            return self.time_idle(header), {}
-        if op == "time_outputs":
-            return self.time_outputs(header)
-        raise ProtocolError(f"unknown op {op!r}")
+        return self.HANDLERS[op](self, header, decoder)
+
+    # ------------------------------------------------------------------ handlers (one per protocol.Op)
+    def ping(self, header: dict, decoder: Decoder) -> Reply:
+        return Reply()
+
+    def import_(self, header: dict, decoder: Decoder) -> Reply:
+        return Reply(self.import_module(str(header["module"])))
+
+    def getattr_(self, header: dict, decoder: Decoder) -> Reply:
+        return Reply(getattr(self.objects[header["target"]], str(header["name"])))
+
+    def release(self, header: dict, decoder: Decoder) -> Reply:
+        for key in header.get("handles", []):
+            self.objects.pop(key, None)
+        return Reply()
+
+    def build(self, header: dict, decoder: Decoder) -> Reply:
+        """A course object (a probe around learner code), built here: its value, or a handle on it."""
+        return Reply(decoder.decode(header.get("object")))
 
     def import_module(self, name: str):
         path = self.learner_dir / f"{name}.py"
@@ -160,7 +163,7 @@ class Worker:
         where = path.name if culprit == path.name else f"{culprit}, which {path.name} imports,"
         return f"{where} does not import ({detail}); fix it and grade again"
 
-    def call(self, header: dict, decoder: Decoder) -> tuple[dict, dict]:
+    def call(self, header: dict, decoder: Decoder) -> Reply:
         import torch
 
         fn = self.objects[header["target"]]
@@ -184,15 +187,13 @@ class Worker:
                                           if b is not None and not _same(a, b)]}
         else:
             out = fn(*args, **kwargs)
-        reply = {"value": out, "record": record}
         leaves = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
         outs = out if isinstance(out, (tuple, list)) else (out,)
         grad_outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
-        if leaves and grad_outs:
-            reply["graph"] = self._handle_for((leaves, grad_outs))["handle"]
-        return reply, aliases
+        graph = self._handle_for((leaves, grad_outs))["handle"] if leaves and grad_outs else None
+        return Reply(out, record, graph, aliases)
 
-    def backward(self, header: dict, decoder: Decoder) -> dict:
+    def backward(self, header: dict, decoder: Decoder) -> Reply:
         import torch
 
         leaves, outs = self.objects[header["graph"]]
@@ -200,10 +201,10 @@ class Worker:
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
         result = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True,
                                      retain_graph=True)  # gradcheck asks for several vector-Jacobian products
-        return {"value": list(result)}
+        return Reply(list(result))
 
     # ------------------------------------------------------------------ timing
-    def time_prepare(self, header: dict, decoder: Decoder) -> dict:
+    def time_prepare(self, header: dict, decoder: Decoder) -> Reply:
         """Event-timed samples through bench.measure, then a watched pass over inputs like the clocked batch's.
 
         The clocked batch's own inputs do not exist yet: time_run draws them from the salt the judge sends with
@@ -253,15 +254,15 @@ class Worker:
         del batch, out, args
         self.batch = {"fn": fn, "make_args": make_args, "calls": calls}
         gc.collect()  # here, not inside the judge's clock: time_run pauses collections (bench.gc_paused)
-        return {"value": {"median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s,
-                          "n": len(timing.samples_s), "calls": calls, "host_s": host_s},
-                "record": {"ops": sorted({op for r in observed for op in r.ops}),
-                           "profiled": sorted({op for r in observed for op in r.profiled}),
-                           "kernels": sorted({k for r in observed for k in r.kernels}),
-                           "calls_without_kernel": sum(not r.kernels for r in observed),
-                           "calls_without_data_flow": flow_broken}}
+        return Reply({"median_s": timing.median_s, "p10_s": timing.p10_s, "p90_s": timing.p90_s,
+                      "n": len(timing.samples_s), "calls": calls, "host_s": host_s},
+                     {"ops": sorted({op for r in observed for op in r.ops}),
+                      "profiled": sorted({op for r in observed for op in r.profiled}),
+                      "kernels": sorted({k for r in observed for k in r.kernels}),
+                      "calls_without_kernel": sum(not r.kernels for r in observed),
+                      "calls_without_data_flow": flow_broken})
 
-    def time_run(self, header: dict) -> dict:
+    def time_run(self, header: dict, decoder: Decoder) -> Reply:
         """Draw the batch's inputs from the judge's salt and run the calls back to back (the device held first,
         so the draws and the launches queue), then synchronise. The draws run inside the judge's clock, which
         takes off their cost as the judge measured it itself (grading.perf)."""
@@ -290,9 +291,9 @@ class Worker:
                 torch.cuda.synchronize()
         # the judge's clock stops when this reply arrives: the launch records are read in time_outputs
         self.batch.update(args=batch, outputs=outputs, launches=launches)
-        return {"value": {"hold_s": held.seconds(), "calls": len(batch), "enqueue_s": enqueued}}
+        return Reply({"hold_s": held.seconds(), "calls": len(batch), "enqueue_s": enqueued})
 
-    def time_idle(self, header: dict) -> dict:
+    def time_idle(self, header: dict, decoder: Decoder) -> Reply:
         """A clocked batch of no calls: the hold and the synchronise alone, so the judge can measure what its
         clock of a batch costs besides the calls (the channel, waking each side, the hold's launch)."""
         import torch
@@ -304,9 +305,9 @@ class Worker:
             held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
             if on_gpu:
                 torch.cuda.synchronize()
-        return {"value": {"hold_s": held.seconds()}}
+        return Reply({"hold_s": held.seconds()})
 
-    def time_outputs(self, header: dict) -> tuple[dict, dict]:
+    def time_outputs(self, header: dict, decoder: Decoder) -> Reply:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
         from infracourse.observe import derive_by_value
 
@@ -316,9 +317,9 @@ class Worker:
             derive_by_value(rec, list(args))  # copies the wrapper made count as the inputs they hold
             rec.trace_data_flow(list(args), out)
             broken += _flow_broken(rec, args)
-        return {"value": [batch["outputs"][i] for i in header["indices"]],
-                "record": {"calls_without_kernel": sum(not r.kernels for r in batch["launches"]),
-                           "calls_without_data_flow": broken}}, {}
+        return Reply([batch["outputs"][i] for i in header["indices"]],
+                     {"calls_without_kernel": sum(not r.kernels for r in batch["launches"]),
+                      "calls_without_data_flow": broken})
 
     # ------------------------------------------------------------------ errors
     def describe(self, exc: BaseException) -> dict:
@@ -329,6 +330,11 @@ class Worker:
                 where = f"{path.name}:{frame.lineno}: {frame.line}"
                 break
         return {"type": type(exc).__name__, "message": str(exc)[:2000], "where": where}
+
+    HANDLERS: dict[Op, Callable[["WorkerLoop", dict, Decoder], Reply]] = {
+        Op.PING: ping, Op.IMPORT: import_, Op.GETATTR: getattr_, Op.RELEASE: release, Op.CALL: call,
+        Op.BUILD: build, Op.BACKWARD: backward, Op.TIME_PREPARE: time_prepare, Op.TIME_RUN: time_run,
+        Op.TIME_IDLE: time_idle, Op.TIME_OUTPUTS: time_outputs}
 
 
 def _flow_broken(record, args) -> bool:
@@ -367,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         from infracourse.kit.triton_compat import patch_interpreter_scalars
 
         patch_interpreter_scalars()  # before any learner kernel runs in the interpreter
-    Worker(options.fd_in, options.fd_out, options.learner).serve()
+    WorkerLoop(options.fd_in, options.fd_out, options.learner).serve()
 
 
 if __name__ == "__main__":
