@@ -9,15 +9,13 @@ import importgraph
 # Being reworked in this round by other tasks of issue 28, which remove these; each entry must still hold
 # (a stale one fails below: delete it).
 PENDING_EDGES = {  # the circle guard -> remote/provenance -> guard and remote <-> provenance
-    ("infracourse.guard", "infracourse.grading.remote"): "guard's verdicts move out of guard (front door)",
-    ("infracourse.guard", "infracourse.grading.provenance"): "guard's verdicts move out of guard (front door)",
     ("infracourse.grading.remote", "infracourse.grading.provenance"): "one launch module (launch)",
 }
 PENDING_FILES = {  # function-local imports without a reason yet
-    "infracourse/bench.py": "front door", "infracourse/guard.py": "front door",
+    "infracourse/bench.py": "front door",
     "infracourse/grading/perf.py": "front door",
-    "infracourse/grading/confined.py": "launch", "infracourse/grading/remote.py": "launch",
-    "infracourse/grading/serving.py": "launch", "infracourse/grading/torchrun.py": "launch",
+    "infracourse/grading/remote.py": "launch",
+    "infracourse/grading/serving.py": "launch",
     "infracourse/kit/datapipe.py": "launch", "infracourse/kit/resume_driver.py": "launch",
     "infracourse/grading/worker.py": "runner",
 }

@@ -103,9 +103,6 @@ def test_the_worker_loads_no_judge_module():
         " -> ".join(chain) for chain in judge.values())
 
 
-@pytest.mark.xfail(strict=True, reason="guard.py still keeps the judge's verdicts beside the worker's "
-                   "instrumentation: its judge functions import grading.remote and grading.provenance inside "
-                   "them (issue 28, second bullet, splits it; then this passes and the mark must go)")
 def test_the_worker_reaches_no_judge_module_even_through_a_function():
     judge = _judge_modules(loaded("infracourse.grading.worker", local_everywhere=True))
     assert not judge, "; ".join(" -> ".join(chain) for chain in judge.values())
@@ -127,9 +124,6 @@ def test_the_kit_and_the_launcher_never_import_the_judge(module):
     assert not reached, f"{module} imports the judge's package: " + "; ".join(reached)
 
 
-@pytest.mark.xfail(strict=True, reason="kit.data and kit.hotspot use guard.py, whose judge functions import "
-                   "grading.remote and grading.provenance inside them (issue 28, second bullet, splits guard; then "
-                   "this passes and the mark must go)")
 def test_the_kit_reaches_no_judge_module_even_through_a_function():
     reached = [chain for module in KIT_AND_LAUNCHER for chain in _grading_reached(module, local_everywhere=True)]
     assert not reached, "; ".join(reached)
