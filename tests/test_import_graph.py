@@ -8,17 +8,8 @@ import importgraph
 
 # Being reworked in this round by other tasks of issue 28, which remove these; each entry must still hold
 # (a stale one fails below: delete it).
-PENDING_EDGES = {  # the circle guard -> remote/provenance -> guard and remote <-> provenance
-    ("infracourse.grading.remote", "infracourse.grading.provenance"): "one launch module (launch)",
-}
-PENDING_FILES = {  # function-local imports without a reason yet
-    "infracourse/bench.py": "front door",
-    "infracourse/grading/perf.py": "front door",
-    "infracourse/grading/remote.py": "launch",
-    "infracourse/grading/serving.py": "launch",
-    "infracourse/kit/datapipe.py": "launch", "infracourse/kit/resume_driver.py": "launch",
-    "infracourse/grading/worker.py": "runner",
-}
+PENDING_EDGES: dict[tuple[str, str], str] = {}  # edges being reworked (none left)
+PENDING_FILES: dict[str, str] = {}  # function-local imports without a reason yet (none left)
 
 
 def _edges_without_pending() -> dict[str, set[str]]:

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from infracourse.observe import require_inputs_unchanged, snapshot_inputs
+
 DEFAULT_L2_FLUSH_BYTES = 256 * 2**20
 HOLD_S = 300e-6        # the device is held at least this long before a clocked batch, so launches queue
 MAX_HOLD_S = 0.2       # ... and at most this long: a call the host takes ~0.7 ms to launch (a norm's forward +
@@ -199,15 +201,11 @@ def measure(
 
 
 def _snapshot(args: tuple) -> list:
-    from infracourse.observe import snapshot_inputs
-
     return snapshot_inputs(args)
 
 
 def _verify(check: Callable[[Any, tuple], None], out: Any, args: tuple, snapshot: list) -> None:
     """The call must have left its arguments unchanged; `check` then judges the output on the private copy."""
-    from infracourse.observe import require_inputs_unchanged
-
     require_inputs_unchanged(args, snapshot, "the timed function")
     check(out, tuple(arg if copy is None else copy for arg, copy in zip(args, snapshot)))
 

@@ -38,13 +38,13 @@ from infracourse.grading.inputs import dtype_name, gpt_batches, scaled, tensors,
 from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
 from infracourse.grading.plugin import blocked
 from infracourse.grading.protocol import WorkerObject
-from infracourse.grading.provenance import require_clean_sources, require_own_kernel
+from infracourse.grading.provenance import require_clean_sources
 from infracourse.grading.remote import LearnerHung, LearnerRaised
 from infracourse.grading.report_check import read_figures
 from infracourse.grading.torchrun import RanksRun, collect, rank_processes, run_ranks, start_ranks
 from infracourse.launch import output
 from infracourse.grading.verdicts import (explain_nan, fenced, interpreter_note, require_data_flow,
-                                          require_plain_tensor, require_possible, run_watched)
+                                          require_own_kernel, require_plain_tensor, require_possible, run_watched)
 from infracourse.observe import CallRecord
 
 def server_environment(scratch, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:

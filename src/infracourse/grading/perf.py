@@ -13,6 +13,9 @@ graded, never below the physics floor of this device.
 from __future__ import annotations
 
 import gc
+import itertools
+import math
+import random
 import statistics
 import time
 from typing import Any, Callable
@@ -22,7 +25,11 @@ import torch
 from infracourse import bench
 from infracourse.bench import HOLD_FACTOR, HOLD_S, MAX_HOLD_S, MAX_HOST_S, clocked_batch  # noqa: F401 (one rule)
 from infracourse.failures import LabCheckFailed
-from infracourse.grading.verdicts import require_possible
+from infracourse.grading.inputs import SALTS, build, salted
+from infracourse.grading.protocol import Op, WorkerObject
+from infracourse.grading.provenance import require_clean_sources
+from infracourse.grading.remote import RemoteObject
+from infracourse.grading.verdicts import require_own_kernel, require_possible
 
 
 def _timing_primitives() -> dict[str, Any]:
@@ -65,8 +72,6 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
     `require_kernel` (a learner's kernel timed directly) also fails timed calls that launched no Triton kernel
     or did not pass their inputs and output through one, as the worker recorded them. `calls` bounds the
     judge-clocked batch (fewer for a call that is itself long, such as several training steps)."""
-    from infracourse.grading.remote import RemoteObject
-
     if not isinstance(fn, RemoteObject):
         raise TypeError(f"timed times a learner function in the grading worker, not {type(fn).__name__}: pass an "
                         "object of the `learner` fixture (a library op is timed with reference_time)")
@@ -85,16 +90,11 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
 
 def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: str,
                      require_kernel: bool, batch_calls: int) -> bench.Timing:
-    import random
-
-    from infracourse.grading.inputs import SALTS, build, salted
-    from infracourse.grading.provenance import require_clean_sources, require_own_kernel
-
     worker = fn._worker
     generate = build(make_args)
     draw = random.SystemRandom()  # salts and picks: unpredictable from the worker, decided when they are used
     asked = max(2, min(batch_calls, BATCH_CALLS))
-    prepare = worker.request("time_prepare", {"make_args": make_args}, target=fn._handle.id, calls=asked)
+    prepare = worker.request(Op.TIME_PREPARE, {"make_args": make_args}, target=fn._handle.id, calls=asked)
     prepared = prepare.value
     stats = _numbers(prepared, ("median_s", "p10_s", "p90_s", "calls", "host_s"), label)
     calls = int(stats["calls"])
@@ -111,7 +111,7 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         with bench.gc_paused():
             fixed = _batch_overhead(worker, hold, label)
             t0 = time.perf_counter()
-            run = worker.request("time_run", hold_s=hold, calls=calls, salt=salt)
+            run = worker.request(Op.TIME_RUN, hold_s=hold, calls=calls, salt=salt)
             wall = time.perf_counter() - t0
         ran = _numbers(run.value, ("calls", "hold_s", "enqueue_s"), label)
         if ran["calls"] != calls:
@@ -122,7 +122,7 @@ def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: 
         # what the judge asked for)
         hold = bench.rehold(hold, ran["enqueue_s"], ran["hold_s"]) if worker.gpu else None
     picks = sorted({calls - 1, draw.randrange(calls), draw.randrange(calls)})  # decided only now, after the batch
-    picked = worker.request("time_outputs", indices=picks)  # after the clock: the launch records are read here
+    picked = worker.request(Op.TIME_OUTPUTS, indices=picks)  # after the clock: the launch records are read here
     outputs = picked.value
     if not isinstance(outputs, list) or len(outputs) != len(picks):
         raise LabCheckFailed(f"{label}: the timing worker did not return the outputs of the timed calls")
@@ -144,8 +144,6 @@ def input_draw_seconds(generate: Callable[[int], tuple]) -> float:
     """What drawing one call's inputs costs, timed here in the judge (which learner code never touches) by the
     same harness as everything else: the clocked batch draws its inputs inside the judge's clock, so this much
     per call comes off it. Indices far from any batch's, as reference_time's are."""
-    import itertools
-
     indices = itertools.count(10**7)
     return bench.measure(generate, make_args=lambda: (next(indices),), warmup=2, reps=15, flush_l2=False,
                          device=getattr(generate, "device", None), wall_clock=False).median_s
@@ -175,7 +173,7 @@ def _batch_overhead(worker, hold: float, label: str) -> float:
     """bench.batch_overhead through the worker: its empty batch (time_idle) clocked as time_run is."""
     def empty_batch(hold_s: float) -> float:
         t0 = time.perf_counter()
-        idle = worker.request("time_idle", hold_s=hold_s)
+        idle = worker.request(Op.TIME_IDLE, hold_s=hold_s)
         wall = time.perf_counter() - t0
         return max(wall - _hold_credit(_numbers(idle.value, ("hold_s",), label), hold_s), 0.0)
 
@@ -184,8 +182,6 @@ def _batch_overhead(worker, hold: float, label: str) -> float:
 
 def _numbers(reply: Any, keys: tuple[str, ...], label: str) -> dict[str, float]:
     """Numbers the worker reported, type-checked (it is untrusted): finite and non-negative."""
-    import math
-
     if not isinstance(reply, dict) or not all(isinstance(reply.get(k), (int, float)) and
                                               math.isfinite(reply[k]) and reply[k] >= 0 for k in keys):
         raise LabCheckFailed(f"{label}: the timing worker sent malformed figures ({str(reply)[:200]})")
@@ -197,10 +193,6 @@ def reference_time(fn: Callable[..., Any], make_args) -> bench.Timing:
 
     `make_args` is a callable () -> args, or the input-generator spec the learner's timing used: the
     reference then runs on fresh inputs of the same kind, drawn here (indices the timed batch never uses)."""
-    import itertools
-
-    from infracourse.grading.inputs import build
-    from infracourse.grading.protocol import WorkerObject
 
     if isinstance(make_args, WorkerObject):
         generate, indices = build(make_args), itertools.count(10**6)

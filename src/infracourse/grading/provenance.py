@@ -15,7 +15,8 @@ construct, fix):
 Verdicts (each raises `LabCheckFailed` with the first finding, on one line):
 - `require_clean_sources(learner_dir)`: every watched call (grading.remote) runs it on its answer, and a
   check that rests on anything else the worker reports calls it;
-- `require_own_kernel(fn)`, in a kernel lab's kernel-did-work (verdicts.run_watched calls it) and timed checks.
+- `require_kernel_reached(learner_dir, 'vector_ops.add')`: behind verdicts.require_own_kernel, in a kernel lab's
+  kernel-did-work (verdicts.run_watched calls it) and timed checks.
 `cohort regrade` stores `read_sources(...)` with each result, for the instructor.
 """
 from __future__ import annotations
@@ -52,25 +53,14 @@ def require_clean_sources(learner_dir: Path, *, native_code: bool = False) -> No
     _refuse(read_sources(learner_dir, native_code=native_code))
 
 
-def require_own_kernel(fn, graded: str | None = None, *, backward: bool = False) -> None:
-    """Fail unless the learner's files are clean (`read_sources`) and the graded function reaches a
-    `@triton.jit` kernel launch in its own call graph (grading.kernel_reach).
-
-    `fn` is the learner's function as the judge holds it (a grading.remote.RemoteObject: `ops.add`); the
-    snapshot is its worker's, and `graded` ('vector_ops.add') defaults to the name it was reached by. An
-    object a course probe built in the worker (kit.probes.ForwardBackward) has no such name: its files are
-    still scanned. With `backward`, every torch.autograd.Function it applies must launch a kernel in forward
-    and in backward.
-    perf.timed(require_kernel=True) calls it as `require_own_kernel(fn)`, after the timed batch's checks."""
-    from infracourse.grading.remote import RemoteObject  # why: remote imports this module (the launch rework removes it)
-
-    if not isinstance(fn, RemoteObject):  # fail closed: only a learner object has files to read
-        raise TypeError(f"require_own_kernel reads a learner function's files, not {type(fn).__name__}'s")
-    root = fn._worker.learner_dir
-    findings = read_sources(root, native_code=fn._worker.native_code)
-    graded = graded or _import_path(fn)
+def require_kernel_reached(learner_dir: Path, graded: str | None, *, native_code: bool = False,
+                           backward: bool = False) -> None:
+    """Fail unless the snapshot's files are clean (`read_sources`) and `graded` ('vector_ops.add'), when the judge
+    knows the name, reaches a `@triton.jit` kernel launch in its own call graph (grading.kernel_reach). With
+    `backward`, every torch.autograd.Function it applies must launch a kernel in forward and in backward."""
+    findings = read_sources(learner_dir, native_code=native_code)
     if not findings and graded is not None:
-        findings = kernel_findings(root, graded, backward=backward)
+        findings = kernel_findings(Path(learner_dir), graded, backward=backward)
     _refuse(findings)
 
 
@@ -81,17 +71,6 @@ def _refuse(findings: list[Finding]) -> None:
         if len(findings) > 1 else ""
     raise LabCheckFailed(f"{findings[0]}{more}. The grader reads your files before it trusts what the grading "
                          "worker recorded")
-
-
-def _import_path(fn) -> str | None:
-    """'module.attr.attr' for an object the judge reached from an imported learner module by attribute."""
-    parts, node = [], fn
-    while node._origin is not None and node._origin[0] != "import":
-        node, attribute = node._origin
-        parts.append(attribute)
-    if node._origin is None:
-        return None
-    return ".".join([node._origin[1], *reversed(parts)])
 
 
 def _learner_files(root: Path) -> tuple[tuple[str, int, int], ...]:

@@ -28,6 +28,7 @@ from infracourse import launch
 from infracourse.grading import protocol
 from infracourse.grading.protocol import (COMPILE_CACHE_ENV, BuildInWorker, Decoder, Encoder, Foreign, Handle, Op,
                                          ProtocolError, WorkerObject)
+from infracourse.grading.provenance import require_clean_sources
 from infracourse.launch import output
 
 __all__ = ["BuildInWorker", "Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerClient", "WorkerFailed",
@@ -352,6 +353,20 @@ def compile_cache() -> Path | None:
     return path.resolve() if path is not None and path.is_dir() else None
 
 
+def origin_of(obj: "RemoteObject") -> tuple[Path, bool, str | None]:
+    """What the judge's reading of a learner object's files needs: its worker's snapshot, whether the lab lets it
+    load native code, and the 'module.attr.attr' it was reached by from an imported learner module (None for an
+    object a course probe built in the worker). A function here, not attributes of the proxy: those would hide
+    the learner's own attributes of the same names."""
+    worker = obj._worker
+    parts, node = [], obj
+    while node._origin is not None and node._origin[0] != "import":
+        node, attribute = node._origin
+        parts.append(attribute)
+    path = None if node._origin is None else ".".join([node._origin[1], *reversed(parts)])
+    return Path(worker.learner_dir), worker.native_code, path
+
+
 Worker = WorkerClient  # its former name, which the fixtures and tests still use
 
 
@@ -422,8 +437,6 @@ class RemoteObject:
         result = self._worker.request(Op.CALL, {"args": tuple(args), "kwargs": dict(kwargs)}, target=target,
                                       watch=watch, alias_args=flat, generation=generation)
         if watch is not None:
-            from infracourse.grading.provenance import require_clean_sources
-
             require_clean_sources(self._worker.learner_dir, native_code=self._worker.native_code)
         if needs_grad:
             result.value = _bridge_autograd(self._worker, result, flat)

@@ -37,7 +37,7 @@ from typing import Iterator, Sequence
 from infracourse import launch
 from infracourse.failures import LabCheckFailed
 from infracourse.launch import hangs, output
-from infracourse.kit.loadgen import UnixHTTPConnection
+from infracourse.kit.loadgen import UnixHTTPConnection, run_load
 
 SOCKET_NAME = "server.sock"
 LOG_NAME = "server.log"
@@ -148,8 +148,6 @@ class Server:
     def load(self, specs: Sequence, **kwargs):
         """kit.loadgen.run_load against this server (same keyword arguments, `uds` filled in):
         (records in spec order, duration_s on the judge's clock)."""
-        from infracourse.kit.loadgen import run_load
-
         return run_load(specs, uds=self.uds, base_url=self.base_url, **kwargs)
 
 
@@ -372,7 +370,7 @@ def kill_and_clock(server: Server, victim: dict, *, after_s: float, window_s: fl
 
     import psutil
 
-    from infracourse.kit.platform_service import probe
+    from infracourse.kit.platform_service import probe  # why: week 21's service kit, loaded by its checks only
 
     time.sleep(after_s)
     try:

@@ -12,9 +12,22 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from infracourse.failures import LabCheckFailed
-from infracourse.grading.provenance import require_own_kernel
-from infracourse.grading.remote import RemoteObject
+from infracourse.grading.provenance import require_kernel_reached
+from infracourse.grading.remote import RemoteObject, origin_of
 from infracourse.observe import CANARY_ELEMENTS, CallRecord
+
+
+def require_own_kernel(fn, graded: str | None = None, *, backward: bool = False) -> None:
+    """Fail unless the learner's files are clean and the graded function reaches a `@triton.jit` kernel launch in
+    its own call graph (grading.provenance.require_kernel_reached: the judge's reading, not the worker's record).
+
+    `fn` is the learner's function as the judge holds it (`ops.add`); `graded` ('vector_ops.add') defaults to the
+    name it was reached by. An object a course probe built in the worker (kit.probes.ForwardBackward) has no such
+    name: its files are still scanned. perf.timed(require_kernel=True) calls it after the timed batch's checks."""
+    if not isinstance(fn, RemoteObject):  # fail closed: only a learner object has files to read
+        raise TypeError(f"require_own_kernel reads a learner function's files, not {type(fn).__name__}'s")
+    learner_dir, native_code, reached_as = origin_of(fn)
+    require_kernel_reached(learner_dir, graded or reached_as, native_code=native_code, backward=backward)
 
 
 def fenced(tensor):

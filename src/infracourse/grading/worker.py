@@ -21,8 +21,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from infracourse import bench
 from infracourse.grading import protocol
+from infracourse.grading.inputs import salted
 from infracourse.grading.protocol import Decoder, Encoder, Op, ProtocolError, Reply
+from infracourse.observe import derive_by_value, record_launches, same_bits, snapshot_inputs, watch_call
 
 MAX_BATCH = 64
 
@@ -173,8 +176,6 @@ class WorkerLoop:
         watch = header.get("watch")
         record: dict = {}
         if watch is not None:
-            from infracourse.observe import snapshot_inputs, watch_call
-
             flat = list(args) + list(kwargs.values())
             before = snapshot_inputs(tuple(flat))
             with watch_call(poison=bool(watch.get("poison", True)), inputs=tuple(flat)) as rec:
@@ -210,9 +211,6 @@ class WorkerLoop:
         The clocked batch's own inputs do not exist yet: time_run draws them from the salt the judge sends with
         it, inside the judge's clock, so no output can be computed before that clock starts."""
         import torch
-
-        from infracourse import bench
-        from infracourse.observe import derive_by_value, record_launches, watch_call
 
         fn = self.objects[header["target"]]
         make_args = decoder.decode(header["make_args"])
@@ -268,10 +266,6 @@ class WorkerLoop:
         takes off their cost as the judge measured it itself (grading.perf)."""
         import torch
 
-        from infracourse import bench
-        from infracourse.grading.inputs import salted
-        from infracourse.observe import record_launches
-
         calls = max(2, min(int(header.get("calls", self.batch["calls"])), self.batch["calls"]))
         fn, make_args, salt = self.batch["fn"], self.batch["make_args"], int(header["salt"])
         on_gpu = torch.cuda.is_available()
@@ -298,8 +292,6 @@ class WorkerLoop:
         clock of a batch costs besides the calls (the channel, waking each side, the hold's launch)."""
         import torch
 
-        from infracourse import bench
-
         on_gpu = torch.cuda.is_available()
         with bench.gc_paused():
             held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
@@ -309,8 +301,6 @@ class WorkerLoop:
 
     def time_outputs(self, header: dict, decoder: Decoder) -> Reply:
         """The outputs the judge picked, and what the clocked batch's launches read and wrote."""
-        from infracourse.observe import derive_by_value
-
         batch, self.batch = self.batch, {}
         broken = 0
         for rec, args, out in zip(batch["launches"], batch["args"], batch["outputs"]):
@@ -350,8 +340,6 @@ class LearnerImportError(Exception):
 
 
 def _same(a, b) -> bool:
-    from infracourse.observe import same_bits
-
     return same_bits(a, b)
 
 
@@ -370,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path[:] = [str(options.learner.resolve())] + [p for p in sys.path[1:] if p not in ("", os.getcwd())]
     sys.dont_write_bytecode = True
     if os.environ.get("TRITON_INTERPRET") == "1":
-        from infracourse.kit.triton_compat import patch_interpreter_scalars
+        from infracourse.kit.triton_compat import patch_interpreter_scalars  # why: imports triton, for kernel labs only
 
         patch_interpreter_scalars()  # before any learner kernel runs in the interpreter
     WorkerLoop(options.fd_in, options.fd_out, options.learner).serve()

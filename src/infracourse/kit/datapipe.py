@@ -276,7 +276,7 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
     stamped with time.perf_counter() here, as they arrive."""
     import subprocess
 
-    from infracourse import launch
+    from infracourse import launch  # why: the judge's half; the driver half runs confined and starts nothing
     from infracourse.launch import output
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -462,6 +462,6 @@ def main(path: str) -> int:
 
 if __name__ == "__main__":
     # run as the module itself, not as __main__: ShardChanged must be the class the learner's code imports
-    from infracourse.kit.datapipe import main as _main
+    from infracourse.kit.datapipe import main as _main  # why: the module itself, not __main__ (see above)
 
     sys.exit(_main(sys.argv[1]))

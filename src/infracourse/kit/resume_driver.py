@@ -41,7 +41,7 @@ KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # a direct child, or the sandb
 
 def launch(args: list[str], *, snapshot: Path, scratch: Path, gpu: bool = False, **popen) -> subprocess.Popen:
     """Start this driver confined like the grading worker (infracourse.launch), in a session of its own."""
-    from infracourse import launch as launcher
+    from infracourse import launch as launcher  # why: the judge's half; the driver half runs confined
 
     env = launcher.environment(scratch, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS on a GPU
     return launcher.start([sys.executable, "-s", "-m", "infracourse.kit.resume_driver", *args], scratch=scratch,
@@ -122,7 +122,7 @@ NO_MODEL_STATE = 3
 def _perturb(learner, checkpoint, seed):
     import torch
 
-    import train
+    import train  # why: the driver's half, confined, beside the learner's train.py; the judge's never loads them
     from infracourse.kit.gpt import GPT
     from infracourse.kit.train import TRAIN_CONFIG
 
