@@ -11,37 +11,27 @@ from infracourse.cohort.bundle import BundleError, read_bundle, submit
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.publish import publish
 from infracourse.drills import record
-from infracourse.workspace import Workspace
 
 from cohort_support import dump, members
+from test_cohort_bundle import course, graded  # noqa: F401 - fixtures: a generated course, a graded workspace
 
-GPU, GPU_CEILINGS = synthetic.DEVICES[1]
-
-
-@pytest.fixture(scope="module")
-def course(tmp_path_factory):
-    return synthetic.write_course(tmp_path_factory.mktemp("course"), weeks=2, kernel_weeks=())
+GPU = synthetic.DEVICES[1][0]
 
 
 @pytest.fixture
-def graded(course, tmp_path):
-    """A workspace with week01 graded and five drill answers over two topics."""
-    ws = Workspace.init(tmp_path / "ws")
-    lab = course.lab("week01")
-    ws.unlock(course, course.week("week01"))
-    (ws.root / "week01" / "answer.py").write_text(synthetic.SOLUTION)
-    ws.progress.record(synthetic.result_for(lab, GPU, GPU_CEILINGS, solved=True, share=0.8,
-                                            started_at="2026-02-01T10:00:00"))
+def drilled(graded):
+    """test_cohort_bundle's graded workspace (week02) with five drill answers over two topics."""
     for question, topic, correct in (("kv-cache-bytes", "kv-cache", True), ("kv-per-token", "kv-cache", False),
                                      ("kv-max-tokens", "kv-cache", True), ("ring-allreduce-time", "collectives",
                                                                            False), ("busbw-factor", "collectives", True)):
-        ws.progress.record_drill(question, 7, "week01", topic, "drill", correct, "1 GB", 3.0)
-    return ws
+        graded.progress.record_drill(question, 7, "week02", topic, "drill", correct, "1 GB", 3.0)
+    return graded
 
 
-def _cohort(course, out, learners=3):
-    """Bundles of `learners` learners (week01 and week02 each) as synthetic.write_cohort writes them."""
-    return synthetic.write_cohort(course, out, learners=learners, missing=0)
+def _cohort(course, out, learners=3) -> list[list]:
+    """Each learner's bundles (one per built week), as synthetic.write_cohort writes them."""
+    paths, weeks = synthetic.write_cohort(course, out, learners=learners, missing=0), len(course.labs())
+    return [paths[i:i + weeks] for i in range(0, len(paths), weeks)]
 
 
 def _with_drills(path, drills):
@@ -57,8 +47,8 @@ def _with_drills(path, drills):
                         drills=drills)
 
 
-def test_submit_carries_the_drill_record_per_topic(course, graded):
-    path = submit(graded, course, "week01", learner="ada", hardware=GPU)
+def test_submit_carries_the_drill_record_per_topic(course, drilled):
+    path = submit(drilled, course, "week02", learner="ada", hardware=GPU)
     assert "drills.json" in members(path) and "drills.json" in json.loads(members(path)["manifest.json"])["files"]
     bundle = read_bundle(path, course)
     assert bundle.drills == {"format_version": 1, "answered": 5, "right": 3,
@@ -67,12 +57,8 @@ def test_submit_carries_the_drill_record_per_topic(course, graded):
     assert "reply" not in members(path)["drills.json"].decode() and "1 GB" not in members(path)["drills.json"].decode()
 
 
-def test_a_learner_without_drills_submits_as_before(course, graded, tmp_path):
-    ws = Workspace.init(tmp_path / "fresh")
-    ws.unlock(course, course.week("week01"))
-    (ws.root / "week01" / "answer.py").write_text(synthetic.SOLUTION)
-    ws.progress.record(graded.progress.last_grade("week01"))
-    path = submit(ws, course, "week01", learner="bea", hardware=GPU)
+def test_a_learner_without_drills_submits_as_before(course, graded):
+    path = submit(graded, course, "week02", learner="bea", hardware=GPU)
     assert "drills.json" not in members(path) and read_bundle(path, course).drills is None
 
 
@@ -94,7 +80,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_malformed_drill_record_is_refused_naming_file_and_fix(course, tmp_path, case):
     data, says = MALFORMED[case]
-    path = _with_drills(_cohort(course, tmp_path / "in", learners=1)[0], data)
+    path = _with_drills(_cohort(course, tmp_path / "in", learners=1)[0][0], data)
     with pytest.raises(BundleError) as exc:
         read_bundle(path, course)
     message = str(exc.value)
@@ -110,15 +96,15 @@ def test_not_json_is_refused_too():
 
 
 def test_import_keeps_old_bundles_and_refuses_a_bad_record_all_or_nothing(course, tmp_path):
-    old = _cohort(course, tmp_path / "old", learners=2)  # no drills.json: written as before it existed
+    old = sum(_cohort(course, tmp_path / "old", learners=2), [])  # no drills.json: as before it existed
     book = Gradebook.create(tmp_path / "gradebook.db", course)
     assert book.import_bundles(old, course).committed, "bundles without a drill record import as before"
     assert book.drill_accuracy()["learners"] == 0
     before = dump(book.path)
 
     fresh = _cohort(course, tmp_path / "new", learners=3)
-    good = _with_drills(fresh[0], record.summary([{"topic": "kv-cache", "correct": True}]))
-    bad = _with_drills(fresh[2], {"format_version": 1, "answered": 1, "right": 2,
+    good = _with_drills(fresh[0][0], record.summary([{"topic": "kv-cache", "correct": True}]))
+    bad = _with_drills(fresh[1][0], {"format_version": 1, "answered": 1, "right": 2,
                                   "by_topic": {"kv-cache": {"right": 2, "answered": 1}}})
     report = book.import_bundles([good, bad], course)
     assert not report.committed and [e.kind for e in report.rejected] == ["drills"]
@@ -129,13 +115,13 @@ def test_import_keeps_old_bundles_and_refuses_a_bad_record_all_or_nothing(course
 
 
 def test_cohort_accuracy_per_topic_from_each_learners_newest_record(course, tmp_path):
-    paths = _cohort(course, tmp_path / "in", learners=3)  # learner i's week01, week02 at [2i], [2i + 1]
+    paths = _cohort(course, tmp_path / "in", learners=3)  # [learner][week]
     rows = lambda *answers: [{"topic": t, "correct": c} for t, c in answers]  # noqa: E731
     bundles = [
-        _with_drills(paths[0], record.summary(rows(("kv-cache", False)))),  # learner 0's older record ...
-        _with_drills(paths[1], record.summary(rows(("kv-cache", True), ("kv-cache", True), ("moe", False)))),
-        _with_drills(paths[2], record.summary(rows(("kv-cache", False), ("collectives", True)))),
-        paths[4],  # learner 2: no record at all
+        _with_drills(paths[0][0], record.summary(rows(("kv-cache", False)))),  # learner 0's older record ...
+        _with_drills(paths[0][1], record.summary(rows(("kv-cache", True), ("kv-cache", True), ("moe", False)))),
+        _with_drills(paths[1][0], record.summary(rows(("kv-cache", False), ("collectives", True)))),
+        paths[2][0],  # learner 2: no record at all
     ]
     book = Gradebook.create(tmp_path / "gradebook.db", course)
     for i, path in enumerate(bundles):  # one import each: learner 0's week02 is received later, so newest
@@ -155,7 +141,7 @@ def test_cohort_accuracy_per_topic_from_each_learners_newest_record(course, tmp_
 
 def test_a_cohort_without_drill_records_publishes_no_drills_section(course, tmp_path):
     book = Gradebook.create(tmp_path / "gradebook.db", course)
-    assert book.import_bundles(_cohort(course, tmp_path / "in", learners=1), course).committed
+    assert book.import_bundles(_cohort(course, tmp_path / "in", learners=1)[0], course).committed
     site = publish(book, course, tmp_path / "site")
     assert 'id="drills"' not in (site / "index.html").read_text()
     assert "drills" not in json.loads((site / "cohort.json").read_text())

@@ -12,16 +12,7 @@ import pytest
 from infracourse.course import Course
 from infracourse.drills import content, engine, measured
 
-from test_cli_imports import GRADING_ONLY, HEAVY_PACKAGES, PROBE
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("drill-startup") / "ws"
-    for args in (["init", str(folder)], ["unlock", "1"]):
-        subprocess.run([sys.executable, "-m", "infracourse", *args], cwd=folder.parent if args[0] == "init" else folder,
-                       check=True, capture_output=True, timeout=120)
-    return folder
+from test_cli_imports import GRADING_ONLY, HEAVY_PACKAGES, PROBE, ws  # noqa: F401 - ws: a fixture
 
 
 def _probe(ws, args, extra: str = "") -> dict:
