@@ -318,3 +318,34 @@ def test_mfu_questions_stay_physical(questions):
             for seed in range(64):
                 inst = engine.instantiate(q, seed, measured.examples(q) if q.kind == "measured" else None)
                 assert 0 < inst.expected < 100, (q.id, seed, inst.values)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the allocator's own count")
+@pytest.mark.parametrize("qid", ["mem-training-mixed", "mem-inference"])
+def test_memory_formulas_match_what_the_gpu_allocates(questions, qid):
+    """The issue's "memory against torch.cuda.max_memory_allocated on the GPU once": a real model's bytes as
+    the CUDA caching allocator counts them, held after a real step, against the question's formula at that
+    parameter count (the formula's own text, evaluated by the engine)."""
+    from infracourse.drills import formula
+
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model = nn.Sequential(*(nn.Linear(4096, 4096, bias=False) for _ in range(8))).to("cuda", torch.bfloat16)
+    n = sum(p.numel() for p in model.parameters())
+    if qid == "mem-inference":
+        held, values = torch.cuda.max_memory_allocated() - base, {"params_b": n / 1e9, "bpe": 2}
+    else:  # bf16 weights and gradients, fp32 master weights and Adam's two moments (the question's recipe)
+        master = [p.detach().float().requires_grad_() for p in model.parameters()]
+        opt = torch.optim.Adam(master, lr=1e-4)
+        model(torch.ones(8, 4096, device="cuda", dtype=torch.bfloat16)).sum().backward()
+        for m, p in zip(master, model.parameters()):
+            m.grad = p.grad.float()
+        opt.step()
+        for m, p in zip(master, model.parameters()):
+            m.grad = None  # the fp32 copy of a gradient lives only for the step
+            p.data.copy_(m.data)
+        torch.cuda.synchronize()
+        held, values = torch.cuda.memory_allocated() - base, {"params_b": n / 1e9}
+    want = formula.evaluate(questions[qid].answer, values)
+    assert math.isclose(held, want, rel_tol=0.01), (qid, n, held, want, held / n)
