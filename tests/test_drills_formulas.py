@@ -8,6 +8,7 @@ Every numeric question must have an entry in INDEPENDENT: `infracourse dev check
 (drills.audit.unchecked) and refuses an estimate without one."""
 from __future__ import annotations
 
+import heapq
 import math
 from datetime import timedelta
 
@@ -114,6 +115,19 @@ def _padding_useful_pct(b: int, mean_len: float, max_len: int) -> float:
     lengths = torch.tensor([max_len] + [rest + (i < extra) for i in range(b - 1)])
     mask = torch.arange(max_len)[None, :] < lengths[:, None]
     return 100 * mask.sum().item() / mask.numel()
+
+
+def _served_per_second(slots: int, latency_ms: float, per_slot: int = 200) -> float:
+    """A closed loop: each slot takes the next request the moment its last one finishes (an event queue in
+    integer microseconds); completions counted over the window in which every slot finishes per_slot."""
+    latency_us = round(latency_ms * 1000)
+    events = [(latency_us, slot) for slot in range(slots)]
+    window_us, done = per_slot * latency_us, 0
+    while events and events[0][0] <= window_us:
+        finished, slot = heapq.heappop(events)
+        done += 1
+        heapq.heappush(events, (finished + latency_us, slot))
+    return done / (window_us / 1e6)
 
 
 def _token_bucket_refused(burst: int, n: int) -> int:
@@ -258,7 +272,7 @@ INDEPENDENT = {
     "prefix-saving": lambda v: (lambda alone, shared: 100 * (alone - shared) / alone)(
         sum(v["prefix"] + v["own"] for _r in range(int(v["n"]))), v["prefix"] + sum(v["own"] for _r in range(int(v["n"])))),
     "ttft-tpot": lambda v: (v["ttft"] + sum(v["tpot"] for _token in range(1, int(v["out"])))) / 1000,
-    "littles-law-throughput": lambda v: v["slots"] * 1000 / (1000 * v["latency_ms"] / 1e3),  # 1000 requests a slot
+    "littles-law-throughput": lambda v: _served_per_second(int(v["slots"]), v["latency_ms"]),
     "token-bucket": lambda v: _token_bucket_refused(int(v["burst"]), int(v["n"])),
     "capacity-at-slo": lambda v: max(load for load, p99, fail in ((v["l1"], v["p1"], 0), (v["l2"], v["p2"], 0.1),
                                                                   (v["l3"], v["p3"], 2)) if p99 < v["slo"] and fail < 1),
