@@ -22,8 +22,9 @@ GPU = synthetic.DEVICES[1][0]
 def drilled(graded):
     """test_cohort_bundle's graded workspace (week02) with five drill answers over two topics."""
     for question, topic, correct in (("kv-cache-bytes", "kv-cache", True), ("kv-per-token", "kv-cache", False),
-                                     ("kv-max-tokens", "kv-cache", True), ("ring-allreduce-time", "collectives",
-                                                                           False), ("busbw-factor", "collectives", True)):
+                                     ("kv-max-tokens", "kv-cache", True),
+                                     ("ring-allreduce-time", "collectives", False),
+                                     ("busbw-factor", "collectives", True)):
         graded.progress.record_drill(question, 7, "week02", topic, "drill", correct, "1 GB", 3.0)
     return graded
 

@@ -23,8 +23,8 @@ from infracourse.kit.sharding import largest_model_that_fits, memory_per_device
 
 SEEDS = range(8)
 DTYPES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
-NAMED = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
-         "fp8": torch.float8_e4m3fn}
+NAMED = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+         "int8": torch.int8, "fp8": torch.float8_e4m3fn}
 
 
 def _meta_bytes(*shape, bpe) -> int:
@@ -267,15 +267,17 @@ INDEPENDENT = {
     "transfer-time": lambda v: 1e3 * _meta(v["batch"], 3, v["side"], v["side"], dtype=torch.uint8).nbytes
     / (v["pcie"] * 1e9),
     "padding-waste": lambda v: _padding_useful_pct(int(v["b"]), v["mean_len"], int(v["max_len"])),
-    "shard-count": lambda v: len({(rank, worker) for rank in range(int(v["world"])) for worker in range(int(v["workers"]))}),
+    "shard-count": lambda v: len({(rank, worker) for rank in range(int(v["world"]))
+                                  for worker in range(int(v["workers"]))}),
     "paged-blocks": lambda v: _paged_blocks((v["l1"], v["l2"], v["l3"]), int(v["block"])),
     "prefix-saving": lambda v: (lambda alone, shared: 100 * (alone - shared) / alone)(
-        sum(v["prefix"] + v["own"] for _r in range(int(v["n"]))), v["prefix"] + sum(v["own"] for _r in range(int(v["n"])))),
+        sum(v["prefix"] + v["own"] for _r in range(int(v["n"]))),  # every request prefills its own copy
+        v["prefix"] + sum(v["own"] for _r in range(int(v["n"])))),  # the prefix once, then each own part
     "ttft-tpot": lambda v: (v["ttft"] + sum(v["tpot"] for _token in range(1, int(v["out"])))) / 1000,
     "littles-law-throughput": lambda v: _served_per_second(int(v["slots"]), v["latency_ms"]),
     "token-bucket": lambda v: _token_bucket_refused(int(v["burst"]), int(v["n"])),
-    "capacity-at-slo": lambda v: max(load for load, p99, fail in ((v["l1"], v["p1"], 0), (v["l2"], v["p2"], 0.1),
-                                                                  (v["l3"], v["p3"], 2)) if p99 < v["slo"] and fail < 1),
+    "capacity-at-slo": lambda v: max(load for load, p99, fail in (
+        (v["l1"], v["p1"], 0), (v["l2"], v["p2"], 0.1), (v["l3"], v["p3"], 2)) if p99 < v["slo"] and fail < 1),
     "replicas-needed": lambda v: _smallest(lambda r: (r - 1) * v["cap"] >= v["peak"]),  # one can fail
     "availability-downtime": lambda v: (1 - v["nines"] / 100) * timedelta(days=30).total_seconds() / 60,
     "measured-cost-per-mtok": lambda v: v["price"] * (1e6 / v["tok_s"]) / timedelta(hours=1).total_seconds(),

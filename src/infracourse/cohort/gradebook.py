@@ -31,6 +31,7 @@ import secrets
 from collections import deque
 import sqlite3
 import time
+import zipfile
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from infracourse.cohort.bundle import Bundle, BundleError, check_claims, lab_of,
 from infracourse.cohort.performance import MEASURED, normalised
 from infracourse.cohort.roster import Learner, new_key
 from infracourse.course import Course
+from infracourse.drills import record
 from infracourse.grading.results import GradeResult
 
 SCHEMA_VERSION = 3
@@ -307,10 +309,6 @@ class Gradebook:
     def drill_records(self) -> Iterator[tuple[str, dict]]:
         """(learner, drill record) from each learner's newest submission that carries one (bundles written
         before `drills.json` existed carry none and are passed over); one bundle in memory at a time."""
-        import zipfile
-
-        from infracourse.drills import record
-
         with closing(self._connect()) as db:
             rows = db.execute("SELECT learner, bundle FROM submissions ORDER BY learner, received_at DESC, "
                               "submitted_at DESC, id DESC")
@@ -327,8 +325,6 @@ class Gradebook:
 
     def drill_accuracy(self) -> dict:
         """Per-topic drill accuracy across the cohort (`infracourse.drills.record.cohort`)."""
-        from infracourse.drills import record
-
         return record.cohort(self.drill_records())
 
     def bundle_data(self, submission_id: int) -> bytes:

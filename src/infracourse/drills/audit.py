@@ -51,8 +51,9 @@ def independent_ids(test_file: Path) -> set[str] | None:
     except FileNotFoundError:
         return None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "INDEPENDENT" for t in node.targets) \
-                and isinstance(node.value, ast.Dict):
+        named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "INDEPENDENT"
+                                                     for t in node.targets)
+        if named and isinstance(node.value, ast.Dict):
             return {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     return set()
 

@@ -56,9 +56,9 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
         if mock:
             count = max(count, session.MOCK_QUESTIONS) if count == 10 else count
         sitting_seed = session.seed_from(seed)
-        instances = session.choose(content.bank(course.root, cache=_bank_dir(ws)), ws.progress.drill_history(), ws.progress.last_grade,
-                                   weeks=weeks, count=1 if question else count, mock=mock, seed=sitting_seed,
-                                   only=question)
+        instances = session.choose(content.bank(course.root, cache=_bank_dir(ws)), ws.progress.drill_history(),
+                                   ws.progress.last_grade, weeks=weeks, count=1 if question else count, mock=mock,
+                                   seed=sitting_seed, only=question)
         if not instances:
             fail(f"no drill questions for {', '.join(sorted(weeks))} yet (measured ones need a recorded grade)")
         mode = "mock" if mock else "drill"

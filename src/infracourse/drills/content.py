@@ -40,7 +40,8 @@ ESTIMATES = ("memory-inference", "memory-training", "memory-zero", "kv-cache", "
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)  # schemas built on first validation: a sitting never validates
+    # validators built on first validation, which a sitting (reading the compiled bank) never does
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Param(_Strict):
