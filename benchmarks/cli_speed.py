@@ -19,13 +19,14 @@ from pathlib import Path
 
 COMMANDS = {"python -c pass": [sys.executable, "-c", "pass"],
             "--help": ["--help"], "--version": ["--version"], "status": ["status"], "hint 7": ["hint", "7"],
-            "next": ["next"]}
+            "next": ["next"], "drill": ["drill", "--json", "--seed", "1", "-n", "5"],
+            "selftest": ["selftest", "--json", "--seed", "1"]}  # no input: the self-test ends at once
 
 
 def timed(argv: list[str], cwd: Path, env: dict) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = time.perf_counter() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -45,6 +46,7 @@ def main() -> None:
         print(f"{'command':16} {'wall median':>12} {'CPU median':>11}")
         for name, args in COMMANDS.items():
             argv = args if args[0] == sys.executable else cli + args  # `next` unlocks one more week per run
+            timed(argv, ws, env)  # once unmeasured: a drill's first sitting compiles the workspace's question bank
             samples = [timed(argv, ws, env) for _ in range(runs)]
             wall = statistics.median(s[0] for s in samples)
             cpu = statistics.median(s[1] for s in samples)

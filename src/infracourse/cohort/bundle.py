@@ -7,6 +7,8 @@ Layout of `<workspace>/submissions/weekNN-<UTC timestamp>.zip` (format_version 2
                    secret (issued by the instructor, `cohort.roster`) over all of the above, so neither the
                    learner id nor any file can be changed without that secret
   results.json     the learner's last grade of the week (`GradeResult.as_dict()`): self-reported
+  drills.json      the learner's drill record, per topic (`infracourse.drills.record`); absent when they
+                   have answered no drill, and from bundles written before it existed: "no record"
   files/<name>     the week folder as the grader sees it (caches, backups and plots left out)
 
 `read_bundle` trusts nothing in a bundle: size, zip structure, member names, manifest, hashes, week and
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from infracourse import __version__
 from infracourse.cohort.roster import LEARNER_ID, RosterError, parse_secret
 from infracourse.course import Course, LabDir
+from infracourse.drills import record as drill_record
 from infracourse.grading.results import GradeResult
 from infracourse.grading.runner import IGNORED
 from infracourse.hardware import Hardware, cached_ceilings, detect
@@ -126,6 +129,7 @@ class Bundle:
     results_json: str  # results.json as received (validated into `results`)
     data: bytes  # the zip exactly as received
     bundle_id: str  # sha256 of the canonical manifest: the same submission imported twice has the same id
+    drills: dict | None = None  # the learner's drill record (drills.json); None in bundles without one
 
 
 # ---------------------------------------------------------------- writing
@@ -186,14 +190,19 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
     while path.exists():
         n += 1
         path = out / f"{stem}-{n}.zip"
-    return write_bundle(path, fields, files, result.as_dict(), key=secret and secret[1])
+    drills = workspace.progress.drill_history()  # none answered yet: no drills.json, as before it existed
+    return write_bundle(path, fields, files, result.as_dict(), key=secret and secret[1],
+                        drills=drill_record.summary(drills) if drills else None)
 
 
-def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dict, *, key: bytes | None = None) -> Path:
-    """Write a bundle atomically from manifest fields (all but `files`), learner files and results, signed
-    with `key` (the learner's secret) when given."""
+def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dict, *, key: bytes | None = None,
+                 drills: dict | None = None) -> Path:
+    """Write a bundle atomically from manifest fields (all but `files`), learner files and results (and the
+    drill record, when given), signed with `key` (the learner's secret) when given."""
     members = {FILES + name: data for name, data in sorted(files.items())}
     members[RESULTS] = json.dumps(results, indent=1, sort_keys=True).encode()
+    if drills is not None:
+        members[drill_record.FILE] = drill_record.encode(drills)
     entries = {name: FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
                for name, data in members.items()}
     manifest = Manifest(format_version=FORMAT_VERSION, files=entries, **fields)
@@ -305,7 +314,8 @@ def parse_bundle(data: bytes, course: Course, *, source: str) -> Bundle:
     return Bundle(source=source, manifest=manifest, results=_results(members[RESULTS], manifest, source),
                   files={n[len(FILES):]: b for n, b in members.items() if n.startswith(FILES)},
                   results_json=members[RESULTS].decode(), data=data,
-                  bundle_id=hashlib.sha256(json.dumps(manifest.canonical(), sort_keys=True).encode()).hexdigest())
+                  bundle_id=hashlib.sha256(json.dumps(manifest.canonical(), sort_keys=True).encode()).hexdigest(),
+                  drills=_drills(members, source))
 
 
 def lab_of(course: Course, week: str, track: str | None) -> LabDir:
@@ -399,6 +409,17 @@ def _results(data: bytes, manifest: Manifest, source: str) -> GradeResult:
         raise BundleError(source, "manifest", f"{RESULTS} grades {result.week} but {MANIFEST} says "
                           f"{manifest.week}; {RESEND}")
     return result
+
+
+def _drills(members: dict[str, bytes], source: str) -> dict | None:
+    if drill_record.FILE not in members:
+        return None
+    try:
+        return drill_record.parse(members[drill_record.FILE])
+    except drill_record.RecordError as exc:
+        raise BundleError(source, "drills", f"{drill_record.FILE} is malformed ({exc}): it is not what "
+                          f"`infracourse submit` writes; {RESEND} (a bundle without {drill_record.FILE}, "
+                          "from an older infracourse, is accepted)") from None
 
 
 def check_claims(bundle: Bundle, check_ids: set[str]) -> None:

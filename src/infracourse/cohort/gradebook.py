@@ -25,11 +25,13 @@ to disk), so its memory does not grow with the number of bundles.
 """
 from __future__ import annotations
 
+import io
 import json
 import secrets
 from collections import deque
 import sqlite3
 import time
+import zipfile
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ from infracourse.cohort.bundle import Bundle, BundleError, check_claims, lab_of,
 from infracourse.cohort.performance import MEASURED, normalised
 from infracourse.cohort.roster import Learner, new_key
 from infracourse.course import Course
+from infracourse.drills import record
 from infracourse.grading.results import GradeResult
 
 SCHEMA_VERSION = 3
@@ -302,6 +305,27 @@ class Gradebook:
         with closing(self._connect()) as db:
             rows = db.execute(query + " ORDER BY week, learner", args).fetchall()
         return [Submission(*row) for row in rows]
+
+    def drill_records(self) -> Iterator[tuple[str, dict]]:
+        """(learner, drill record) from each learner's newest submission that carries one (bundles written
+        before `drills.json` existed carry none and are passed over); one bundle in memory at a time."""
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT learner, bundle FROM submissions ORDER BY learner, received_at DESC, "
+                              "submitted_at DESC, id DESC")
+            done = None
+            for learner, data in rows:
+                if learner == done:
+                    continue
+                with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                    if record.FILE not in zf.namelist():
+                        continue
+                    found = record.parse(zf.read(record.FILE))  # checked at import: refused bundles are not here
+                done = learner
+                yield learner, found
+
+    def drill_accuracy(self) -> dict:
+        """Per-topic drill accuracy across the cohort (`infracourse.drills.record.cohort`)."""
+        return record.cohort(self.drill_records())
 
     def bundle_data(self, submission_id: int) -> bytes:
         with closing(self._connect()) as db:

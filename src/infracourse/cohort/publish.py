@@ -3,7 +3,9 @@
 Layout of the site folder:
   index.html             the dashboard: the learners x built weeks grid first (a mark per cell: verified,
                          verified on CPU only, self-reported only, failing, disagrees; pass rate per week in
-                         its header), then who is stuck, per-week rates and blocked counts, planned weeks last
+                         its header), then who is stuck, per-week rates and blocked counts, the drills'
+                         per-topic accuracy across the cohort (when any bundle carries a drill record),
+                         planned weeks last
   weeks/weekNN.html      per built week: checks-passed distribution, performance as a fraction of each
                          learner's own device ceilings, the kernel-week leaderboard, self-reported vs verified
   learners/<name>.html   one learner: per week the checks that do not pass with their messages, and the
@@ -80,9 +82,10 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
                        marks=MARKS, unsandboxed_mark=UNSANDBOXED, stuck_reason=stuck_reason, day=lambda t: t[:10],
                        generated_at=now.strftime("%Y-%m-%d %H:%M UTC"))
     rules = {"attempts": stuck_attempts, "idle_days": idle_days}
+    drills = gradebook.drill_accuracy()
     pages = {"index.html": env.get_template("index.html.j2").render(
         root="", cohort=cohort, weeks=_summaries(cohort), rows=_rows(cohort, stuck_of), stuck=stuck_list, stuck_of=stuck_of, rules=rules,
-        planned=[w for w in cohort.weeks if not w.built])}
+        planned=[w for w in cohort.weeks if not w.built], drills=drills)}
     for week in cohort.built_weeks():
         pages[f"weeks/{week.id}.html"] = env.get_template("week.html.j2").render(root="../", **_week(cohort, week))
     for learner in cohort.learners:
@@ -94,6 +97,8 @@ def publish(gradebook: Gradebook, course: Course, out: Path, *, pseudonyms: bool
     data = document(cohort, [{**row(cohort.cell(l, w.id)), "learner": names[l]}
                              for l in cohort.learners for w in cohort.built_weeks()])
     data["learners"] = [names[l] for l in cohort.learners]
+    if drills["learners"]:  # a cohort whose bundles carry no drill record publishes what it did before
+        data["drills"] = drills
     pages["cohort.json"] = json.dumps(data) + "\n"  # compact: for tools (the C encoder is 5x faster)
     for asset in ("style.css", "dashboard.js"):
         pages[asset] = (TEMPLATES / asset).read_text(encoding="utf-8")

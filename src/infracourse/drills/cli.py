@@ -1,7 +1,9 @@
 """`infracourse drill` and `infracourse selftest`: parse, call the drills engine, print.
 
 Registered on the main app by infracourse.cli (`register`), which lends its guard (one-line errors) and its
-workspace lookup; the engine (pydantic, the course files) is imported when a command runs, not at start-up.
+workspace lookup; the engine (pydantic, the course files) is imported when a command runs, not at start-up,
+and the questions come from the workspace's compiled bank (`content.bank`), not from the YAML, while no drill
+file changed. Start-up figures: docs/cli-speed.md.
 """
 from __future__ import annotations
 
@@ -55,9 +57,9 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
         if mock:
             count = max(count, session.MOCK_QUESTIONS) if count == 10 else count
         sitting_seed = session.seed_from(seed)
-        instances = session.choose(content.load(course.root), ws.progress.drill_history(), ws.progress.last_grade,
-                                   weeks=weeks, count=1 if question else count, mock=mock, seed=sitting_seed,
-                                   only=question)
+        instances = session.choose(content.bank(course.root, cache=_bank_dir(ws)), ws.progress.drill_history(),
+                                   ws.progress.last_grade, weeks=weeks, count=1 if question else count, mock=mock,
+                                   seed=sitting_seed, only=question)
         if not instances:
             fail(f"no drill questions for {', '.join(sorted(weeks))} yet (measured ones need a recorded grade)")
         mode = "mock" if mock else "drill"
@@ -95,7 +97,7 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
         from infracourse.drills import content, engine, selftest as start, session
 
         ws, course = context(workspace)
-        questions = content.load(course.root, selftest=True)
+        questions = content.bank(course.root, selftest=True, cache=_bank_dir(ws))
         if not questions:
             fail(f"{content.drills_dir(course.root) / content.SELFTEST_FILE} has no questions")
         chosen_seed = session.seed_from(seed)
@@ -112,6 +114,10 @@ def register(app: typer.Typer, command: Callable, context: Callable, fail: Calla
             print(json.dumps(result | {"recorded": bool(sitting.answered)}, indent=1))
             return
         console.print(start.summary_line(stored) if stored else "nothing answered: nothing recorded", markup=False)
+
+
+def _bank_dir(ws) -> Path:
+    return ws.meta / "cache"
 
 
 def _ask(prompt: str) -> str:

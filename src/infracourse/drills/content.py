@@ -9,15 +9,20 @@ A file is `format_version: 1` and `questions:`, a list of `Question`s. Kinds:
   choice    one right option of `options` (`correct`: its 0-based index); `multi`: every right one
   order     `options` written in the right order, shown shuffled; the learner types the letters in order
 Every question has an `explain`: the reasoning shown after any answer.
+
+`load` reads and validates the YAML (course authors, `dev check`); `bank` is what a sitting reads: the same
+questions from a compiled cache (JSON of the validated models, in the workspace) while no drill file changed,
+so `drill` and `selftest` start without YAML parsing or validation (docs/cli-speed.md).
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infracourse.drills import answers, formula
@@ -35,7 +40,8 @@ ESTIMATES = ("memory-inference", "memory-training", "memory-zero", "kv-cache", "
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # validators built on first validation, which a sitting (reading the compiled bank) never does
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Param(_Strict):
@@ -155,6 +161,9 @@ def drills_dir(root: Path) -> Path:
 
 @lru_cache(maxsize=8)
 def _load(path: Path, stamp: float) -> DrillFile:
+    import yaml  # here, not at import: a sitting reads the compiled bank
+
+    data = None
     try:
         data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         return DrillFile.model_validate(data)
@@ -176,10 +185,14 @@ def _where(data, loc) -> str:
     return ".".join(map(str, parts)) or "file"
 
 
+def _paths(root: Path, selftest: bool) -> list[Path]:
+    folder = drills_dir(root)
+    return sorted(p for p in folder.glob("*.yaml") if (p.name == SELFTEST_FILE) == selftest) if folder.is_dir() else []
+
+
 def load(root: Path, selftest: bool = False) -> list[Question]:
     """Every drill question of the course (or the self-test's), ids unique across files."""
-    folder = drills_dir(root)
-    paths = sorted(p for p in folder.glob("*.yaml") if (p.name == SELFTEST_FILE) == selftest) if folder.is_dir() else []
+    paths = _paths(root, selftest)
     questions, seen = [], {}
     for path in paths:
         for q in _load(path, path.stat().st_mtime).questions:
@@ -188,6 +201,47 @@ def load(root: Path, selftest: bool = False) -> list[Question]:
             seen[q.id] = path
             questions.append(q)
     return questions
+
+
+BANK_VERSION = 1  # bump when the models change shape
+
+
+def bank(root: Path, selftest: bool = False, cache: Path | None = None) -> list[Question]:
+    """`load`'s questions, through a compiled bank in the folder `cache` (None: no cache). The bank is used
+    only while its stamp (every drill file's path, size and modification time, this module's own and
+    BANK_VERSION) is the files' stamp now, so any edit compiles afresh; a bank that cannot be read or written
+    is ignored (the YAML is read instead). A learner who edits their bank only changes their own practice:
+    nothing graded reads it."""
+    paths = _paths(root, selftest)
+    if cache is None or not paths:
+        return load(root, selftest)
+    stamp = repr((BANK_VERSION, [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths],
+                  os.stat(__file__).st_mtime_ns))
+    compiled = cache / f"drills-{'selftest' if selftest else 'course'}.json"
+    try:
+        data = json.loads(compiled.read_text(encoding="utf-8"))
+        if data["stamp"] == stamp:
+            return [_construct(d) for d in data["questions"]]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    questions = load(root, selftest)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        part = compiled.with_name(compiled.name + f".{os.getpid()}.part")
+        part.write_text(json.dumps({"stamp": stamp, "questions": [q.model_dump() for q in questions]}),
+                        encoding="utf-8")
+        part.replace(compiled)
+    except OSError:
+        pass  # a read-only workspace still drills, reading the YAML each time
+    return questions
+
+
+def _construct(d: dict) -> Question:
+    """A Question from its validated dump, without validating again (that is what the bank saves)."""
+    return Question.model_construct(**{
+        **d, "params": {k: Param.model_construct(**v) for k, v in d["params"].items()},
+        "measured": {k: Measured.model_construct(**v) for k, v in d["measured"].items()},
+        "mistakes": [Mistake.model_construct(**m) for m in d["mistakes"]]})
 
 
 def week_number(week: str) -> int:
