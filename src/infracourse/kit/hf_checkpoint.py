@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -311,7 +311,3 @@ def load_checkpoint(folder, *, device: str | torch.device = "cpu",
                 tensors[name] = t if dtype is None else t.to(dtype)
     return cfg, {n: tensors[n] for n in expected}
 
-
-def config_dict(cfg: LlamaConfig) -> dict:
-    """The course's fields of a config, for reports and JSON."""
-    return {**asdict(cfg), "head_dim": cfg.dim_per_head, "intermediate": cfg.ffn}
