@@ -163,3 +163,23 @@ def test_qwen2_layout_has_qkv_biases_and_its_own_head_dim(tmp_path):
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (2 * 32, 64)
     assert "model.layers.0.self_attn.o_proj.bias" not in shapes
     assert shapes["model.layers.0.self_attn.o_proj.weight"] == (64, 128)
+
+
+def test_model_make_writes_what_the_loader_reads_and_refuses_bad_arguments(tmp_path):
+    from typer.testing import CliRunner
+
+    from infracourse.cli import app
+
+    args = ["model", "make", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "1", "--vocab", "97",
+            "--dtype", "bf16", "--seed", "7", "--shard-mb", "0.02", "--tie"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "m")])
+    assert result.exit_code == 0, result.output
+    assert "KV cache: 128 bytes per token in bf16 (2 x 2 layers x 1 KV heads x 16 x 2 bytes)" in result.output
+    cfg, tensors = load_checkpoint(tmp_path / "m")
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.vocab, cfg.dtype) == (2, 64, 4, 1, 97, "bfloat16")
+    assert cfg.tie_embeddings and "lm_head.weight" not in tensors
+    assert all(torch.equal(tensors[n], t) for n, t in random_tensors(cfg, seed=7).items())
+    again = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "m")])
+    assert again.exit_code == 2 and "already holds a checkpoint" in again.output
+    bad = CliRunner().invoke(app, ["model", "make", "--heads", "8", "--kv-heads", "3", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "not a multiple of num_key_value_heads 3" in bad.output

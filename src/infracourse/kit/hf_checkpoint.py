@@ -183,6 +183,10 @@ def make_checkpoint(out, cfg: LlamaConfig, *, seed: int = 0, shard_mb: float | N
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    stale = sorted(p.name for p in (out / CONFIG, out / INDEX, *out.glob("*.safetensors")) if p.exists())
+    if stale:  # a leftover index or shard would be read with the new files
+        raise CheckpointError(f"{out} already holds a checkpoint ({', '.join(stale)}): choose another folder or "
+                              "delete that one first")
     tensors = random_tensors(cfg, seed=seed)
     shards: list[dict[str, torch.Tensor]] = [{}]
     limit = math.inf if shard_mb is None else shard_mb * 2**20
@@ -207,6 +211,23 @@ def make_checkpoint(out, cfg: LlamaConfig, *, seed: int = 0, shard_mb: float | N
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return written + [out / INDEX]
+
+
+def make_and_describe(out, sizes: dict, *, tie: bool = False, dtype: str = "fp32", seed: int = 0,
+                      shard_mb: float | None = None) -> str:
+    """`infracourse model make`: write the checkpoint of LlamaConfig(**sizes) and say what it holds."""
+    if dtype not in DTYPE_ARG:
+        raise CheckpointError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPE_ARG)}")
+    cfg = LlamaConfig(**sizes, tie_embeddings=tie, dtype=str(DTYPE_ARG[dtype]).removeprefix("torch."))
+    files = make_checkpoint(out, cfg, seed=seed, shard_mb=shard_mb)
+    params = sum(math.prod(shape) for shape in expected_tensors(cfg).values())
+    size = cfg.torch_dtype.itemsize
+    shards = sum(f.suffix == ".safetensors" for f in files)
+    return (f"Wrote {out}: {shards} safetensors file(s), {params / 1e6:.2f} M parameters "
+            f"({params * size / 2**20:.1f} MiB in {dtype}); {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} "
+            f"heads, {cfg.kv_heads} KV heads of {cfg.dim_per_head}, SwiGLU {cfg.ffn}, vocab {cfg.vocab}. "
+            f"KV cache: {cfg.kv_bytes_per_token()} bytes per token in {dtype} "
+            f"(2 x {cfg.layers} layers x {cfg.kv_heads} KV heads x {cfg.dim_per_head} x {size} bytes).")
 
 
 # Reading ------------------------------------------------------------------------------------------------------
