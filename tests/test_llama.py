@@ -131,3 +131,23 @@ def test_tied_embeddings_share_one_tensor_and_the_cache_refuses_overflow(tmp_pat
         model(torch.zeros(1, 5, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="max_position_embeddings 16"):
         model.new_cache(1, 17)
+
+
+def test_the_in_process_engine_serves_the_checkpoint_to_the_load_matrix(ckpt, tmp_path):
+    from infracourse.kit.llama_serving import Engine
+    from infracourse.kit.load_matrix import check_matrix, load_matrix, run_matrix
+    from infracourse.kit.loadgen import read_records, request_matrix
+
+    engine = Engine(Llama.from_checkpoint(ckpt))
+    cells = load_matrix([6], [3], concurrencies=[2], rates=[40.0], requests=3)
+    rows = run_matrix(cells, tmp_path, seed=9, send=engine.send, vocab_size=CFG.vocab)
+    assert check_matrix(tmp_path, cells) == [] and all(r["metrics"]["failure_rate"] == 0 for r in rows)
+    records, _, _ = read_records(tmp_path / f"{cells[0].name}.json")
+    specs = request_matrix([6], [3], 3, vocab_size=CFG.vocab, seed=9)  # what run_matrix sent to cell 0
+    for spec, rec in zip(specs, records):
+        want = generate(engine.model, torch.tensor([spec.prompt_ids]), 3)[0].tolist()
+        assert rec.output_tokens == 3 and rec.text.split() == [str(t) for t in want]
+    mem = engine.memory()
+    assert mem["source"] == "cpu-stand-in" and "standing in for device memory" in mem["measure"]
+    assert mem["kv_peak_bytes"] == CFG.kv_bytes_per_token(torch.float32) * (6 + 3)
+    assert mem["weights_bytes"] == sum(t.nbytes for t in random_tensors(CFG, seed=5).values())
