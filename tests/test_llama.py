@@ -31,7 +31,7 @@ def rope(x, pos, theta):
 
 def plain_logits(t: dict, cfg: LlamaConfig, ids: torch.Tensor, kv_head_of=lambda h, group: h // group):
     """One sequence (T,) -> (T, vocab), in fp32 loops: query head h reads KV head kv_head_of(h)."""
-    T, hd = ids.shape[0], cfg.dim_per_head
+    T, hd = ids.shape[0], cfg.head_dim
     group = cfg.heads // cfg.kv_heads
     pos = torch.arange(T)
     x = t["model.embed_tokens.weight"][ids]
@@ -104,10 +104,10 @@ def test_prefill_then_decode_with_the_cache_equals_the_full_forward(ckpt, device
 def test_kv_bytes_formula_equals_the_cache_tensors_nbytes(ckpt, dtype):
     model = Llama.from_checkpoint(ckpt, dtype=dtype)
     cache = model.new_cache(batch=3, max_len=40)
-    per_token = 2 * CFG.layers * CFG.kv_heads * CFG.dim_per_head * torch.tensor([], dtype=dtype).element_size()
+    per_token = 2 * CFG.layers * CFG.kv_heads * CFG.head_dim * torch.tensor([], dtype=dtype).element_size()
     assert CFG.kv_bytes_per_token(dtype) == per_token
     assert cache.nbytes == sum(t.nbytes for t in cache.k + cache.v) == per_token * 3 * 40
-    assert cache.k[0].shape == (3, CFG.kv_heads, 40, CFG.dim_per_head)  # KV heads cached, not query heads
+    assert cache.k[0].shape == (3, CFG.kv_heads, 40, CFG.head_dim)  # KV heads cached, not query heads
 
 
 def test_greedy_generation_equals_recomputing_the_whole_sequence(ckpt):

@@ -57,7 +57,7 @@ class LlamaConfig:
     heads: int = 8
     kv_heads: int = 2              # num_key_value_heads: each K/V head is shared by heads // kv_heads queries
     vocab: int = 1024
-    intermediate: int | None = None  # None: the SwiGLU width Llama uses, 8/3 hidden rounded up to 64
+    intermediate: int | None = None  # SwiGLU width; None: 8/3 hidden rounded up to 64, as Llama sizes it
     head_dim: int | None = None    # None: hidden // heads
     max_positions: int = 2048
     rms_eps: float = 1e-5
@@ -78,18 +78,20 @@ class LlamaConfig:
         if self.head_dim is None and self.hidden % self.heads:
             raise CheckpointError(f"config: hidden_size {self.hidden} does not split into {self.heads} heads; "
                                   "give head_dim")
-        if self.dim_per_head % 2:
-            raise CheckpointError(f"config: head_dim {self.dim_per_head} must be even (RoPE rotates pairs)")
+        # the defaults resolved once, so that equal models have equal configs
+        object.__setattr__(self, "head_dim", self.head_dim or self.hidden // self.heads)
+        object.__setattr__(self, "intermediate", self.intermediate or 64 * math.ceil(8 * self.hidden / 3 / 64))
+        if self.head_dim % 2:
+            raise CheckpointError(f"config: head_dim {self.head_dim} must be even (RoPE rotates pairs)")
         if self.dtype not in TORCH_NAMES:
             raise CheckpointError(f"config: torch_dtype {self.dtype!r} is not one of {sorted(TORCH_NAMES)}")
 
-    @property
-    def dim_per_head(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    @property
-    def ffn(self) -> int:
-        return self.intermediate or 64 * math.ceil(8 * self.hidden / 3 / 64)
+    # kit.gpt's names for the same sizes: code written against GPTConfig (a week-15 cache) reads these
+    n_layer = property(lambda self: self.layers)
+    n_head = property(lambda self: self.heads)
+    d_model = property(lambda self: self.hidden)
+    vocab_size = property(lambda self: self.vocab)
+    seq_len = property(lambda self: self.max_positions)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -98,13 +100,13 @@ class LlamaConfig:
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         """2 (K and V) x layers x kv_heads x head_dim x bytes per element: what one token costs in the cache."""
         size = torch.empty((), dtype=dtype or self.torch_dtype).element_size()
-        return 2 * self.layers * self.kv_heads * self.dim_per_head * size
+        return 2 * self.layers * self.kv_heads * self.head_dim * size
 
     def to_hf(self) -> dict:
         return {"architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2" else "LlamaForCausalLM"],
-                "model_type": self.model_type, "hidden_size": self.hidden, "intermediate_size": self.ffn,
+                "model_type": self.model_type, "hidden_size": self.hidden, "intermediate_size": self.intermediate,
                 "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
-                "num_key_value_heads": self.kv_heads, "head_dim": self.dim_per_head, "vocab_size": self.vocab,
+                "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim, "vocab_size": self.vocab,
                 "max_position_embeddings": self.max_positions, "rms_norm_eps": self.rms_eps,
                 "rope_theta": self.rope_theta, "rope_scaling": None, "tie_word_embeddings": self.tie_embeddings,
                 "attention_bias": self.o_bias, "hidden_act": "silu", "torch_dtype": self.dtype}
@@ -136,7 +138,7 @@ class LlamaConfig:
 
 def expected_tensors(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the checkpoint must hold, HF's name -> shape, in the model's reading order."""
-    C, hd, F = cfg.hidden, cfg.dim_per_head, cfg.ffn
+    C, hd, F = cfg.hidden, cfg.head_dim, cfg.intermediate
     q, kv = cfg.heads * hd, cfg.kv_heads * hd
     shapes = {"model.embed_tokens.weight": (cfg.vocab, C)}
     for i in range(cfg.layers):
@@ -225,9 +227,9 @@ def make_and_describe(out, sizes: dict, *, tie: bool = False, dtype: str = "fp32
     shards = sum(f.suffix == ".safetensors" for f in files)
     return (f"Wrote {out}: {shards} safetensors file(s), {params / 1e6:.2f} M parameters "
             f"({params * size / 2**20:.1f} MiB in {dtype}); {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} "
-            f"heads, {cfg.kv_heads} KV heads of {cfg.dim_per_head}, SwiGLU {cfg.ffn}, vocab {cfg.vocab}. "
+            f"heads, {cfg.kv_heads} KV heads of {cfg.head_dim}, SwiGLU {cfg.intermediate}, vocab {cfg.vocab}. "
             f"KV cache: {cfg.kv_bytes_per_token()} bytes per token in {dtype} "
-            f"(2 x {cfg.layers} layers x {cfg.kv_heads} KV heads x {cfg.dim_per_head} x {size} bytes).")
+            f"(2 x {cfg.layers} layers x {cfg.kv_heads} KV heads x {cfg.head_dim} x {size} bytes).")
 
 
 # Reading ------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""A Llama-style decoder served from a Hugging Face-layout checkpoint, in reading order: RoPE -> attention ->
-SwiGLU MLP -> layer -> model -> KV cache -> generation (weeks 15-18).
+"""A Llama-style decoder served from a Hugging Face-layout checkpoint, in reading order: RoPE -> KV cache ->
+attention -> SwiGLU MLP -> layer -> model -> generation (weeks 15-18).
 
 Module and parameter names are HF's (model.layers.N.self_attn.q_proj ...), so a checkpoint's tensors load by
 name. Device- and dtype-agnostic: the model runs where its tensors are (CPU or CUDA), in their dtype.
@@ -10,6 +10,19 @@ name. Device- and dtype-agnostic: the model runs where its tensors are (CPU or C
     logits = model(next_ids, cache)                       # decode: (B, 1), attends to everything cached
     tokens = generate(model, prompt_ids, new_tokens=16)   # greedy, prefill once then one decode step per token
 
+The model comes apart with the same pieces as kit.gpt's, so a cache written for that model serves this one:
+
+    x = model.embed(ids, pos_offset)                      # (B, T, C); positions enter through RoPE, below
+    for block in model.blocks:
+        q, k, v = block.attn.qkv_heads(block.norm1(x))    # q (B, heads, T, hd); k, v (B, kv_heads, T, hd)
+        ... store k, v; K, V = all cached keys/values of this layer, (B, kv_heads, S, hd)
+        x = x + block.attn.attend(q, K, V)                # queries are the LAST T of the S positions (causal)
+        x = x + block.mlp(block.norm2(x))
+    logits = model.logits(x)                              # (B, T, vocab)
+
+Keys are cached as projected, before RoPE: `attend` rotates the S keys at positions 0 .. S - 1 and the queries
+at S - T .. S - 1, the positions the cache implies. vLLM and HF cache rotated keys instead; the values are the
+same (the same rotation of the same numbers), the cost is one extra elementwise pass over K per step.
 Without a cache `model(ids)` is the plain causal forward over the whole sequence.
 """
 from __future__ import annotations
@@ -24,7 +37,7 @@ from infracourse.kit.hf_checkpoint import LlamaConfig, load_checkpoint
 
 def rope_tables(cfg: LlamaConfig, positions: torch.Tensor, dtype: torch.dtype):
     """cos, sin of shape (T, head_dim) for `positions` (T,): HF's layout, frequencies repeated in two halves."""
-    hd = cfg.dim_per_head
+    hd = cfg.head_dim
     inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd)
     angles = positions.float()[:, None] * inv_freq[None, :]          # (T, hd/2), in fp32: positions reach 1e5
     angles = torch.cat((angles, angles), dim=-1)                     # (T, hd)
@@ -45,7 +58,7 @@ class KVCache:
     def __init__(self, cfg: LlamaConfig, batch: int, max_len: int, *, device, dtype: torch.dtype):
         if max_len > cfg.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the model's max_position_embeddings {cfg.max_positions}")
-        shape = (batch, cfg.kv_heads, max_len, cfg.dim_per_head)
+        shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.max_len = max_len
@@ -70,31 +83,41 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention: `heads` query heads share `kv_heads` key/value heads, heads // kv_heads each."""
+    """Grouped-query attention: `heads` query heads share `kv_heads` key/value heads, heads // kv_heads each.
+    Split into `qkv_heads` and `attend` so a KV cache fits between (the kit.gpt contract)."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.cfg = cfg
-        hd = cfg.dim_per_head
+        hd = cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden, cfg.heads * hd, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.heads * hd, cfg.hidden, bias=cfg.o_bias)
 
-    def forward(self, x, cos, sin, cache: KVCache | None, layer: int):
+    def qkv_heads(self, x: torch.Tensor):
+        """(B, T, C) -> q (B, heads, T, hd), k and v (B, kv_heads, T, hd), before RoPE."""
         B, T, _ = x.shape
-        hd = self.cfg.dim_per_head
-        q = self.q_proj(x).view(B, T, self.cfg.heads, hd).transpose(1, 2)      # (B, heads, T, hd)
-        k = self.k_proj(x).view(B, T, self.cfg.kv_heads, hd).transpose(1, 2)   # (B, kv_heads, T, hd)
+        hd = self.cfg.head_dim
+        q = self.q_proj(x).view(B, T, self.cfg.heads, hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.cfg.kv_heads, hd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.cfg.kv_heads, hd).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.append(layer, k, v)                                    # (B, kv_heads, S, hd)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B, heads, T, hd) are the last T of the S positions of k, v (B, kv_heads, S, hd): query i sees keys
+        0 .. S - T + i. key_mask (B, S) bool, False for padding keys. Returns the projected (B, T, C)."""
+        B, H, T, hd = q.shape
         S = k.shape[2]
-        # the T queries are the last T of S positions: query i sees keys 0 .. S - T + i
-        mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+        cos, sin = rope_tables(self.cfg, torch.arange(S, device=q.device), q.dtype)   # (S, hd)
+        q, k = apply_rope(q, cos[S - T:], sin[S - T:]), apply_rope(k, cos, sin)
+        mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+        if key_mask is not None:
+            key_mask = key_mask[:, None, None, :].to(torch.bool)                       # (B, 1, 1, S)
+            mask = key_mask if mask is None else mask & key_mask
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, heads, T, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.cfg.heads * hd))
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * hd))
 
 
 class MLP(nn.Module):
@@ -102,16 +125,17 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual layer: x + attn(norm1(x)), then x + mlp(norm2(x)); norm1, attn, norm2 are kit.gpt's
+    names for HF's input_layernorm, self_attn, post_attention_layernorm."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -120,9 +144,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden, eps=cfg.rms_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache, layer):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    norm1 = property(lambda self: self.input_layernorm)
+    attn = property(lambda self: self.self_attn)
+    norm2 = property(lambda self: self.post_attention_layernorm)
 
 
 class Backbone(nn.Module):
@@ -169,20 +193,35 @@ class Llama(nn.Module):
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache(self.cfg, batch, max_len, device=self.device, dtype=self.dtype)
 
+    def embed(self, ids: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
+        """(B, T) token ids at positions pos_offset .. + T - 1 -> (B, T, C). Token embeddings only: the
+        positions act in attention (RoPE); the offset is checked against max_position_embeddings."""
+        if pos_offset + ids.shape[1] > self.cfg.max_positions:
+            raise ValueError(f"positions up to {pos_offset + ids.shape[1] - 1} asked of a model with "
+                             f"max_position_embeddings {self.cfg.max_positions}")
+        return self.model.embed_tokens(ids)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) hidden states after the last layer -> (B, T, vocab) logits."""
+        return self.lm_head(self.model.norm(x))
+
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """(B, T) token ids at positions cache.length .. + T - 1 (0 .. T - 1 without a cache) -> (B, T, vocab)."""
-        start = cache.length if cache is not None else 0
-        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
-        if positions[-1] >= self.cfg.max_positions:
-            raise ValueError(f"position {int(positions[-1])} is past max_position_embeddings {self.cfg.max_positions}")
-        cos, sin = rope_tables(self.cfg, positions, self.dtype)
-        x = self.model.embed_tokens(ids)                                  # (B, T, C)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, i)
-        return self.lm_head(self.model.norm(x))
+        x = self.embed(ids, cache.length if cache is not None else 0)
+        for i, block in enumerate(self.blocks):
+            q, k, v = block.attn.qkv_heads(block.norm1(x))
+            if cache is not None:
+                k, v = cache.append(i, k, v)                              # (B, kv_heads, S, hd)
+            x = x + block.attn.attend(q, k, v)
+            x = x + block.mlp(block.norm2(x))
+        return self.logits(x)
 
 
 @torch.no_grad()
