@@ -235,3 +235,15 @@ def generate(model: Llama, prompt: torch.Tensor, new_tokens: int) -> torch.Tenso
         nxt = model(nxt, cache)[:, -1].argmax(-1, keepdim=True)
         out.append(nxt)
     return torch.cat(out, dim=1)
+
+
+def checkpoint_model(sizes: dict, seed: int, dtype: str = "fp32") -> Llama:
+    """The model of a checkpoint written and read back as a served model is: LlamaConfig(**sizes) with seeded
+    random weights saved to a fresh folder (config.json + safetensors), then loaded, checked, from it."""
+    import tempfile
+
+    from infracourse.kit.hf_checkpoint import make_and_describe
+
+    with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
+        make_and_describe(folder, sizes, dtype=dtype, seed=seed)
+        return Llama.from_checkpoint(folder)
