@@ -151,3 +151,36 @@ def test_the_in_process_engine_serves_the_checkpoint_to_the_load_matrix(ckpt, tm
     assert mem["source"] == "cpu-stand-in" and "standing in for device memory" in mem["measure"]
     assert mem["kv_peak_bytes"] == CFG.kv_bytes_per_token(torch.float32) * (6 + 3)
     assert mem["weights_bytes"] == sum(t.nbytes for t in random_tensors(CFG, seed=5).values())
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_decode_flops_and_bytes_formulas_against_counted_flops_and_real_bytes(tmp_path, tie):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from infracourse.kit.llama_serving import decode_bytes, decode_flops
+
+    cfg = LlamaConfig(**{**CFG.__dict__, "tie_embeddings": tie})
+    make_checkpoint(tmp_path, cfg)
+    model = Llama.from_checkpoint(tmp_path, dtype=torch.bfloat16)
+    batch, context = 3, 17
+    cache = model.new_cache(batch, context)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):  # the plain matmuls, which the counter sees
+        model(torch.zeros(batch, context - 1, dtype=torch.long), cache)
+        with FlopCounterMode(display=False) as counted:
+            model(torch.zeros(batch, 1, dtype=torch.long), cache)
+    assert decode_flops(cfg, batch, context) == counted.get_total_flops()
+    weights = sum(p.nbytes for p in model.parameters()) - (0 if tie else model.model.embed_tokens.weight.nbytes)
+    assert decode_bytes(cfg, batch, context, torch.bfloat16) == weights + cache.nbytes  # cache full: context
+
+
+def test_phase_times_measures_every_batch_and_prompt_length(ckpt):
+    from infracourse.kit.llama_serving import phase_times
+
+    rows = phase_times(Llama.from_checkpoint(ckpt), [8, 24], [1, 2], new_tokens=3, repeats=1)
+    assert [(r["batch"], r["prompt"]) for r in rows] == [(1, 8), (1, 24), (2, 8), (2, 24)]
+    assert all(r["prefill_ms"] > 0 and r["decode_ms_per_step"] > 0 for r in rows)
+    assert rows[3]["kv_cache_bytes"] == 2 * 27 * CFG.kv_bytes_per_token(torch.float32)
+    assert rows[3]["flops_per_byte"] > rows[1]["flops_per_byte"]  # a batch reads the weights once for more tokens
+    with pytest.raises(ValueError, match="new_tokens >= 2"):
+        phase_times(Llama.from_checkpoint(ckpt), [8], [1], new_tokens=1)
