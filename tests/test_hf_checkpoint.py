@@ -128,8 +128,11 @@ def test_shape_dtype_missing_and_unexpected_tensors_are_refused_by_name(tmp_path
     del no_head["lm_head.weight"]  # legal only when the embeddings are tied
     with pytest.raises(CheckpointError, match=r"lm_head\.weight is missing"):
         load_checkpoint(write_folder(tmp_path / "untied", no_head))
-    cfg, _ = load_checkpoint(write_folder(tmp_path / "tied", no_head, hf_config(tie_word_embeddings=True)))
-    assert cfg.tie_embeddings
+    cfg, tied = load_checkpoint(write_folder(tmp_path / "tied", no_head, hf_config(tie_word_embeddings=True)))
+    assert cfg.tie_embeddings and "lm_head.weight" not in tied
+    # a tied checkpoint that stores the head anyway loads: the head is the embedding table, as HF ties it
+    _, tied = load_checkpoint(write_folder(tmp_path / "both", hf_tensors(), hf_config(tie_word_embeddings=True)))
+    assert "lm_head.weight" not in tied
 
 
 def test_a_sharded_folder_whose_index_names_a_lost_shard_is_refused(tmp_path):
@@ -147,6 +150,7 @@ def test_configs_the_kit_cannot_serve_are_refused_with_the_reason(tmp_path):
     for overrides, reason in [({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
                               ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
                               ({"hidden_act": "gelu"}, "SwiGLU"),
+                              ({"use_sliding_window": True}, "sliding-window"),
                               ({"torch_dtype": "float64"}, "torch_dtype 'float64'")]:
         folder = write_folder(tmp_path / reason.split()[0].strip("'"), hf_tensors(), hf_config(**overrides))
         with pytest.raises(CheckpointError, match=reason):

@@ -21,7 +21,9 @@ Tensor names (HF's): model.embed_tokens.weight (vocab, hidden); per layer N mode
 .self_attn.{q,k,v,o}_proj.weight (q: heads*head_dim x hidden; k, v: kv_heads*head_dim x hidden; o: hidden x
 heads*head_dim), .post_attention_layernorm.weight, .mlp.{gate,up}_proj.weight (intermediate x hidden),
 .mlp.down_proj.weight (hidden x intermediate); model.norm.weight; lm_head.weight unless the embeddings are tied.
-Qwen2 adds q/k/v biases (model_type "qwen2"); Llama's `attention_bias` adds q/k/v/o biases.
+Qwen2 adds q/k/v biases (model_type "qwen2"); Llama's `attention_bias` adds q/k/v/o biases. A tied checkpoint
+that stores lm_head.weight anyway serves the embedding table as its head, as HF does. Refused with the reason:
+rope_scaling (Llama 3.x's long-context RoPE), sliding-window attention, an activation other than SiLU.
 """
 from __future__ import annotations
 
@@ -122,6 +124,9 @@ class LlamaConfig:
         if raw.get("rope_scaling"):
             raise CheckpointError(f"{where}: rope_scaling {raw['rope_scaling']!r} is not supported: the kit's RoPE "
                                   "is the plain one (rope_theta only); use a model without rope_scaling")
+        if raw.get("use_sliding_window"):
+            raise CheckpointError(f"{where}: use_sliding_window is true: the kit's attention sees every earlier "
+                                  "token; use a model without sliding-window attention")
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"{where}: hidden_act {act!r}: the kit's MLP is SwiGLU (silu)")
@@ -301,6 +306,8 @@ def load_checkpoint(folder, *, device: str | torch.device = "cpu",
     cfg = LlamaConfig.from_hf(raw, str(folder / CONFIG))
     expected = expected_tensors(cfg)
     files = {n: f for n, f in _shard_files(folder).items() if not n.endswith(IGNORED_SUFFIXES)}
+    if cfg.tie_embeddings:  # some tied checkpoints store the head too; tied, it is the embedding table (as in HF)
+        files.pop("lm_head.weight", None)
     missing = [n for n in expected if n not in files]
     if missing:
         raise CheckpointError(f"{folder.name}: tensor {missing[0]} is missing" + (
