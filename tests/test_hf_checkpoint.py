@@ -187,3 +187,11 @@ def test_model_make_writes_what_the_loader_reads_and_refuses_bad_arguments(tmp_p
     assert again.exit_code == 2 and "already holds a checkpoint" in again.output
     bad = CliRunner().invoke(app, ["model", "make", "--heads", "8", "--kv-heads", "3", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "not a multiple of num_key_value_heads 3" in bad.output
+
+
+def test_a_header_that_is_not_a_tensor_table_is_refused(tmp_path):
+    folder = write_folder(tmp_path / "m", hf_tensors())
+    header = json.dumps({"model.norm.weight": {"dtype": "BF16"}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(CheckpointError, match=r"tensor model\.norm\.weight has no dtype, shape and data_offsets"):
+        load_checkpoint(folder)

@@ -255,9 +255,16 @@ def read_header(path: Path) -> dict[str, dict]:
             header = json.loads(f.read(n))
         except ValueError as exc:
             raise CheckpointError(f"{path.name}: the header is not JSON ({exc}): not a safetensors file") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path.name}: the header is not a JSON object: not a safetensors file")
     header.pop("__metadata__", None)
+    for name, info in header.items():
+        if not (isinstance(info, dict) and isinstance(info.get("shape"), list) and isinstance(
+                info.get("data_offsets"), list) and len(info["data_offsets"]) == 2):
+            raise CheckpointError(f"{path.name}: tensor {name} has no dtype, shape and data_offsets in the header: "
+                                  "the file is corrupt")
     data_size = size - 8 - n
-    for name, info in sorted(header.items(), key=lambda kv: kv[1].get("data_offsets", [0])[0]):
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         if info.get("dtype") not in ST_DTYPES:
             raise CheckpointError(f"{path.name}: tensor {name} has dtype {info.get('dtype')!r}, not one the kit "
                                   f"reads ({', '.join(ST_DTYPES)})")
