@@ -184,3 +184,29 @@ def test_phase_times_measures_every_batch_and_prompt_length(ckpt):
     assert rows[3]["flops_per_byte"] > rows[1]["flops_per_byte"]  # a batch reads the weights once for more tokens
     with pytest.raises(ValueError, match="new_tokens >= 2"):
         phase_times(Llama.from_checkpoint(ckpt), [8], [1], new_tokens=1)
+
+
+def test_llama3_rope_scaling_follows_the_piecewise_rule_and_round_trips(tmp_path):
+    from infracourse.kit.llama import rope_frequencies
+
+    raw = {**CFG.to_hf(), "head_dim": 64, "hidden_size": 512, "rope_theta": 500000.0,
+           "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}}
+    cfg = LlamaConfig.from_hf(raw)
+    assert cfg.rope_llama3 == (32.0, 1.0, 4.0, 8192) and LlamaConfig.from_hf(cfg.to_hf()) == cfg
+    want = []  # Meta's rule, one frequency at a time (this config: 15 kept, 3 blended, 14 slowed)
+    for i in range(32):
+        freq = 1.0 / 500000.0 ** (2 * i / 64)
+        wavelen = 2 * math.pi / freq
+        if wavelen < 8192 / 4.0:
+            want.append(freq)
+        elif wavelen > 8192 / 1.0:
+            want.append(freq / 32.0)
+        else:
+            smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+            want.append((1 - smooth) * freq / 32.0 + smooth * freq)
+    got = rope_frequencies(cfg).double()
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-6, atol=0)
+    assert got[0] == want[0] and got[-1] < 1.0 / 500000.0 ** (62 / 64) / 31  # short kept, long slowed
+    plain = rope_frequencies(LlamaConfig.from_hf({**raw, "rope_scaling": None}))
+    assert not torch.equal(plain, rope_frequencies(cfg))

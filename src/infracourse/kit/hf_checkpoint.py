@@ -23,7 +23,7 @@ heads*head_dim), .post_attention_layernorm.weight, .mlp.{gate,up}_proj.weight (i
 .mlp.down_proj.weight (hidden x intermediate); model.norm.weight; lm_head.weight unless the embeddings are tied.
 Qwen2 adds q/k/v biases (model_type "qwen2"); Llama's `attention_bias` adds q/k/v/o biases. A tied checkpoint
 that stores lm_head.weight anyway serves the embedding table as its head, as HF does. Refused with the reason:
-rope_scaling (Llama 3.x's long-context RoPE), sliding-window attention, an activation other than SiLU.
+rope_scaling other than Llama 3.x's ("llama3"), sliding-window attention, an activation other than SiLU.
 """
 from __future__ import annotations
 
@@ -64,6 +64,8 @@ class LlamaConfig:
     max_positions: int = 2048
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Llama 3.x's long-context RoPE: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    rope_llama3: tuple[float, float, float, int] | None = None
     tie_embeddings: bool = False
     qkv_bias: bool = False         # Qwen2
     o_bias: bool = False           # Llama's attention_bias also biases o_proj
@@ -110,8 +112,15 @@ class LlamaConfig:
                 "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
                 "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim, "vocab_size": self.vocab,
                 "max_position_embeddings": self.max_positions, "rms_norm_eps": self.rms_eps,
-                "rope_theta": self.rope_theta, "rope_scaling": None, "tie_word_embeddings": self.tie_embeddings,
+                "rope_theta": self.rope_theta, "rope_scaling": self._hf_rope_scaling(), "tie_word_embeddings": self.tie_embeddings,
                 "attention_bias": self.o_bias, "hidden_act": "silu", "torch_dtype": self.dtype}
+
+    def _hf_rope_scaling(self) -> dict | None:
+        if self.rope_llama3 is None:
+            return None
+        factor, low, high, original = self.rope_llama3
+        return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                "original_max_position_embeddings": original}
 
     @classmethod
     def from_hf(cls, raw: dict, where: str = CONFIG) -> "LlamaConfig":
@@ -121,9 +130,12 @@ class LlamaConfig:
                    if k not in raw]
         if missing:
             raise CheckpointError(f"{where}: missing {', '.join(missing)} (a Llama-style config.json has them)")
-        if raw.get("rope_scaling"):
-            raise CheckpointError(f"{where}: rope_scaling {raw['rope_scaling']!r} is not supported: the kit's RoPE "
-                                  "is the plain one (rope_theta only); use a model without rope_scaling")
+        scaling = raw.get("rope_scaling") or {}
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        if scaling and (scaling.get("rope_type", scaling.get("type")) != "llama3" or not all(k in scaling
+                                                                                             for k in keys)):
+            raise CheckpointError(f"{where}: rope_scaling {scaling!r} is not supported: the kit's RoPE is the plain "
+                                  "one or Llama 3.x's (rope_type llama3 with " + ", ".join(keys) + ")")
         if raw.get("use_sliding_window"):
             raise CheckpointError(f"{where}: use_sliding_window is true: the kit's attention sees every earlier "
                                   "token; use a model without sliding-window attention")
@@ -136,7 +148,8 @@ class LlamaConfig:
                    kv_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"], vocab=raw["vocab_size"],
                    intermediate=raw.get("intermediate_size"), head_dim=raw.get("head_dim"),
                    max_positions=raw.get("max_position_embeddings", 2048), rms_eps=raw.get("rms_norm_eps", 1e-5),
-                   rope_theta=raw.get("rope_theta", 10000.0), tie_embeddings=bool(raw.get("tie_word_embeddings")),
+                   rope_theta=raw.get("rope_theta", 10000.0),
+                   rope_llama3=tuple(scaling[k] for k in keys) if scaling else None, tie_embeddings=bool(raw.get("tie_word_embeddings")),
                    qkv_bias=bias or model_type == "qwen2", o_bias=bias,
                    dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32", model_type=model_type)
 

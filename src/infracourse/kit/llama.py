@@ -27,6 +27,8 @@ Without a cache `model(ids)` is the plain causal forward over the whole sequence
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -35,10 +37,23 @@ from infracourse.kit.gpt import RMSNorm
 from infracourse.kit.hf_checkpoint import LlamaConfig, load_checkpoint
 
 
+def rope_frequencies(cfg: LlamaConfig, device=None) -> torch.Tensor:
+    """The head_dim / 2 rotation frequencies theta^(-2i / head_dim), with Llama 3.x's long-context scaling when
+    the config has it: wavelengths shorter than original / high_freq_factor keep their frequency, longer than
+    original / low_freq_factor are slowed by `factor`, and those between are blended smoothly."""
+    hd = cfg.head_dim
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd)
+    if cfg.rope_llama3 is None:
+        return inv_freq
+    factor, low, high, original = cfg.rope_llama3
+    wavelen = 2 * math.pi / inv_freq
+    blend = ((original / wavelen - low) / (high - low)).clamp(0, 1)       # 0: long wavelengths, 1: short ones
+    return (1 - blend) * inv_freq / factor + blend * inv_freq
+
+
 def rope_tables(cfg: LlamaConfig, positions: torch.Tensor, dtype: torch.dtype):
     """cos, sin of shape (T, head_dim) for `positions` (T,): HF's layout, frequencies repeated in two halves."""
-    hd = cfg.head_dim
-    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd)
+    inv_freq = rope_frequencies(cfg, positions.device)
     angles = positions.float()[:, None] * inv_freq[None, :]          # (T, hd/2), in fp32: positions reach 1e5
     angles = torch.cat((angles, angles), dim=-1)                     # (T, hd)
     return angles.cos().to(dtype), angles.sin().to(dtype)
