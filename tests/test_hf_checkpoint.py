@@ -151,6 +151,7 @@ def test_configs_the_kit_cannot_serve_are_refused_with_the_reason(tmp_path):
                               ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
                               ({"hidden_act": "gelu"}, "SwiGLU"),
                               ({"use_sliding_window": True}, "sliding-window"),
+                              ({"mlp_bias": True}, "mlp_bias"),
                               ({"torch_dtype": "float64"}, "torch_dtype 'float64'")]:
         folder = write_folder(tmp_path / reason.split()[0].strip("'"), hf_tensors(), hf_config(**overrides))
         with pytest.raises(CheckpointError, match=reason):

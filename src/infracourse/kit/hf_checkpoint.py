@@ -23,7 +23,7 @@ heads*head_dim), .post_attention_layernorm.weight, .mlp.{gate,up}_proj.weight (i
 .mlp.down_proj.weight (hidden x intermediate); model.norm.weight; lm_head.weight unless the embeddings are tied.
 Qwen2 adds q/k/v biases (model_type "qwen2"); Llama's `attention_bias` adds q/k/v/o biases. A tied checkpoint
 that stores lm_head.weight anyway serves the embedding table as its head, as HF does. Refused with the reason:
-rope_scaling other than Llama 3.x's ("llama3"), sliding-window attention, an activation other than SiLU.
+rope_scaling other than Llama 3.x's ("llama3"), sliding-window attention, MLP biases, an activation other than SiLU.
 """
 from __future__ import annotations
 
@@ -139,6 +139,8 @@ class LlamaConfig:
         if raw.get("use_sliding_window"):
             raise CheckpointError(f"{where}: use_sliding_window is true: the kit's attention sees every earlier "
                                   "token; use a model without sliding-window attention")
+        if raw.get("mlp_bias"):
+            raise CheckpointError(f"{where}: mlp_bias is true: the kit's SwiGLU has no biases")
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"{where}: hidden_act {act!r}: the kit's MLP is SwiGLU (silu)")
