@@ -37,7 +37,7 @@ def ws(tmp_path_factory):
 
 # (`status --json` reports this machine's tier, so it probes the GPU with torch on purpose.)
 @pytest.mark.parametrize("args", [["--help"], ["status"], ["next"], ["hint", "1"], ["syllabus"], ["syllabus", "1"],
-                                  ["unlock", "2"]], ids=" ".join)
+                                  ["unlock", "2"], ["model", "make", "--help"]], ids=" ".join)
 def test_a_command_that_does_not_grade_loads_no_grading_machinery(ws, args):
     code = PROBE.format(args=args, packages=HEAVY_PACKAGES, grading=GRADING_ONLY)
     out = subprocess.run([sys.executable, "-c", code], cwd=ws, capture_output=True, text=True, timeout=120)

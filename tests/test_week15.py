@@ -36,6 +36,10 @@ VARIANTS = {
         "ids = torch.cat([ids, torch.tensor([[token]], device=device)], 1)\n"
         "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device)\n"
         "            logits = forward(model, ids, cache)")}),
+    # reads the GPT's own embeddings instead of model.embed: right on the GPT, cannot serve a checkpoint
+    "cache bound to the GPT's attributes": ("checkpoint-tokens", {"kv_cache.py": replace_once(
+        "x = model.embed(ids, cache.length)", "x = model.tok_emb(ids) + model.pos_emb(torch.arange(cache.length, "
+        "cache.length + ids.shape[1], device=ids.device))")}),
     "kv_bytes that ignores grouped KV heads": ("kv-bytes-formula", {"kv_cache.py": replace_once(
         "2 * config.n_layer * config.kv_heads * config.head_dim",
         "2 * config.n_layer * config.n_head * config.head_dim")}),

@@ -65,6 +65,9 @@ dev_app = typer.Typer(help="Tools for course authors.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
 track_app = typer.Typer(help="Weeks 22-24: list the direction tracks and choose yours.", no_args_is_help=True)
 app.add_typer(track_app, name="track")
+model_app = typer.Typer(help="Weeks 15-18: checkpoints in the Hugging Face layout the serving weeks load.",
+                        no_args_is_help=True)
+app.add_typer(model_app, name="model")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whole paths included
 
@@ -243,6 +246,35 @@ def track_choose(name: str = typer.Argument(..., help="A track id from `infracou
     console.print(f"Track [bold]{escape(track.title)}[/bold] chosen." +
                   (escape(f" Your earlier project was moved to {moved}.") if moved else "") +
                   escape(" Next: `infracourse unlock week22` (or `infracourse next` when you get there)."))
+
+
+@model_app.command("make")
+@_guarded
+def model_make(out: Path = typer.Option(..., "--out", help="Folder to write (created; must hold no checkpoint)."),
+               layers: Optional[int] = typer.Option(None, help="Decoder layers (default 4)."),
+               hidden: Optional[int] = typer.Option(None, help="hidden_size (default 512)."),
+               heads: Optional[int] = typer.Option(None, help="Query heads (default 8)."),
+               kv_heads: Optional[int] = typer.Option(None, help="num_key_value_heads: 1 .. heads, dividing heads "
+                                                      "(default 2)."),
+               vocab: Optional[int] = typer.Option(None, help="vocab_size (default 1024)."),
+               intermediate: Optional[int] = typer.Option(None, help="SwiGLU width (default 8/3 hidden, to 64)."),
+               max_positions: Optional[int] = typer.Option(None, help="max_position_embeddings (default 2048)."),
+               tie: bool = typer.Option(False, "--tie", help="Tie lm_head to the embeddings (no lm_head.weight)."),
+               dtype: str = typer.Option("fp32", help="fp32, bf16 or fp16: the dtype the weights are stored in."),
+               seed: int = typer.Option(0, help="Same seed, same bytes."),
+               shard_mb: Optional[float] = typer.Option(None, help="Split into shards of about this many MiB, "
+                                                        "with model.safetensors.index.json.")):
+    """Write a random-weight Llama-style checkpoint (config.json + *.safetensors), as a real model on disk is."""
+    from infracourse.kit.hf_checkpoint import CheckpointError, make_and_describe
+
+    given = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": vocab,
+             "intermediate": intermediate, "max_positions": max_positions}
+    try:
+        summary = make_and_describe(out, {k: v for k, v in given.items() if v is not None}, tie=tie,
+                                    dtype=dtype, seed=seed, shard_mb=shard_mb)
+    except CheckpointError as exc:
+        _fail(str(exc))
+    console.print(escape(summary), soft_wrap=True)
 
 
 @_command()

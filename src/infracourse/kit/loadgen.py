@@ -22,11 +22,15 @@ Definitions (times in seconds in records, milliseconds in the metrics, as vLLM p
   throughputs    completed / duration, sum(output_tokens of successful requests) / duration, and
             (input + output tokens) / duration; failed requests are excluded (count 0 tokens)
   goodput   successful requests meeting EVERY given SLO (value <= SLO ms, for keys ttft, tpot, e2el) / duration
+  failure rate   failed / all requests sent (vLLM prints the failed count; the rate is the course's)
   percentiles    np.percentile (linear interpolation); mean, median, std as np.mean, np.median, np.std; a metric
             with no sample reports 0 (vLLM's `or 0`)
 Arrivals (vLLM's get_request): request i is sent at the sum of i gaps drawn from Gamma(shape=burstiness,
 scale=1 / (rate * burstiness)); burstiness 1 is a Poisson process, < 1 burstier, rate=inf sends all at once;
 `concurrency` caps requests in flight (a semaphore, requests wait for a slot after their arrival time).
+Transports: HTTP (TCP or a Unix socket) by default; `send=` takes any coroutine spec -> RequestRecord, e.g. an
+in-process engine's stream recorded by `record_stream`. The load matrix over these is kit/load_matrix.py;
+docs/serving-metrics.md states every definition once.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -110,7 +114,7 @@ def compute_metrics(records: Sequence[RequestRecord], duration_s: float, *,
                     goodput_slo_ms: dict[str, float] | None = None) -> dict:
     """The serving metrics of `records` over a benchmark of `duration_s` seconds (see the module docstring).
 
-    Returns a dict: completed, failed, total_input, total_output, duration_s, request_throughput,
+    Returns a dict: completed, failed, failure_rate, total_input, total_output, duration_s, request_throughput,
     output_throughput, total_token_throughput, request_goodput (None without SLOs), and ttft_ms, tpot_ms,
     itl_ms, e2el_ms: each {mean, median, std, p50, ...}."""
     if not duration_s > 0:
@@ -142,6 +146,7 @@ def compute_metrics(records: Sequence[RequestRecord], duration_s: float, *,
             good += 1
     return {
         "completed": completed, "failed": len(records) - completed,
+        "failure_rate": (len(records) - completed) / len(records) if records else 0.0,
         "total_input": total_input, "total_output": total_output, "duration_s": duration_s,
         "request_throughput": completed / duration_s,
         "output_throughput": total_output / duration_s,
@@ -287,14 +292,41 @@ async def send_completion(spec: RequestSpec, *, base_url: str = "http://localhos
     return rec
 
 
+async def record_stream(spec: RequestSpec, pieces: AsyncIterator[str]) -> RequestRecord:
+    """The record of one request served in process: `pieces` yields the output text as it is produced (one
+    piece per token); the clock starts before the first piece is asked for. An exception in the stream is the
+    request's failure (recorded, not raised), as a server's fault is for send_completion."""
+    rec = RequestRecord(prompt_tokens=len(spec.prompt_ids), send_time=time.perf_counter())
+    parts = []
+    try:
+        async for piece in pieces:
+            if piece:
+                rec.chunk_times.append(time.perf_counter())
+                parts.append(piece)
+        rec.success = bool(rec.chunk_times)
+        rec.error = "" if rec.success else "no content chunk in the stream"
+    except Exception as exc:  # noqa: BLE001 - a failed request is data
+        rec.error = f"{type(exc).__name__}: {exc}"[:500]
+    rec.text = "".join(parts)
+    rec.output_tokens = len(rec.chunk_times) if rec.success else 0
+    return rec
+
+
 async def run_load_async(specs: Sequence[RequestSpec], *, base_url: str = "http://localhost", uds: str | None = None,
                          endpoint: str = "/v1/completions", rate: float = float("inf"), burstiness: float = 1.0,
                          concurrency: int | None = None, seed: int = 0, timeout_s: float = 60.0,
                          model: str = "kit-gpt", prompt_as: str = "ids",
-                         extra_body: dict | None = None) -> tuple[list[RequestRecord], float]:
+                         extra_body: dict | None = None,
+                         send: Callable[[RequestSpec], Awaitable[RequestRecord]] | None = None,
+                         ) -> tuple[list[RequestRecord], float]:
     """Send `specs` with the arrival process and concurrency cap; returns (records in spec order, duration_s).
-    duration_s runs from the first send to the last request's end. `uds` connects through a Unix socket.
-    A request running past timeout_s is recorded as failed ("timeout")."""
+    duration_s runs from the first send to the last request's end. `uds` connects through a Unix socket;
+    `send` replaces HTTP altogether (an in-process engine). A request running past timeout_s is recorded as
+    failed ("timeout")."""
+    if send is None:
+        def send(spec):
+            return send_completion(spec, base_url=base_url, uds=uds, endpoint=endpoint, model=model,
+                                   prompt_as=prompt_as, extra_body=extra_body)
     offsets = arrival_offsets(len(specs), rate, burstiness, seed=seed)
     gate = asyncio.Semaphore(concurrency or len(specs) or 1)
     start = time.perf_counter()
@@ -306,9 +338,7 @@ async def run_load_async(specs: Sequence[RequestSpec], *, base_url: str = "http:
         async with gate:
             sent = time.perf_counter()
             try:
-                return await asyncio.wait_for(send_completion(spec, base_url=base_url, uds=uds, endpoint=endpoint,
-                                                              model=model, prompt_as=prompt_as,
-                                                              extra_body=extra_body), timeout_s)
+                return await asyncio.wait_for(send(spec), timeout_s)
             except asyncio.TimeoutError:
                 return RequestRecord(len(spec.prompt_ids), sent, error=f"timeout after {timeout_s} s")
 
