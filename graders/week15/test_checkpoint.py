@@ -6,12 +6,10 @@ import random
 import pytest
 import torch
 
-from conftest import call_generate
-from infracourse.grading.protocol import WorkerObject
-from infracourse.grading.remote import LearnerRaised
-from infracourse.guard import LabCheckFailed
+from infracourse.grader import LabCheckFailed, LearnerRaised
 from infracourse.kit.generate import seeded_prompts
 from infracourse.kit.llama import checkpoint_model, generate
+from week15_judging import call_generate
 
 TOL = 1e-4
 PIECES = ("model.cfg, model.embed, model.blocks, block.norm1, block.attn (qkv_heads, attend), block.mlp, "
@@ -31,7 +29,7 @@ def checkpoint_sizes(seed: int) -> dict:
 def test_your_cache_serves_a_checkpoint_read_from_disk(kv, learner, seed):
     sizes = checkpoint_sizes(seed)
     local = checkpoint_model(sizes, seed)
-    remote = learner.worker.build(WorkerObject("infracourse.kit.llama:checkpoint_model", (sizes, seed)))
+    remote = learner.build(checkpoint_model, sizes, seed)
     r = random.Random(seed + 1)
     for prompt in seeded_prompts(2, 256, 2, 24, seed=seed + 1):
         n = r.randint(6, 64 - len(prompt))

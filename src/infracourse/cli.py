@@ -265,7 +265,7 @@ def model_make(out: Path = typer.Option(..., "--out", help="Folder to write (cre
                shard_mb: Optional[float] = typer.Option(None, help="Split into shards of about this many MiB, "
                                                         "with model.safetensors.index.json.")):
     """Write a random-weight Llama-style checkpoint (config.json + *.safetensors), as a real model on disk is."""
-    from infracourse.kit.hf_checkpoint import CheckpointError, make_and_describe
+    from infracourse.kit.hf_checkpoint import CheckpointError, make_and_describe  # why: start-up: loads torch
 
     given = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": vocab,
              "intermediate": intermediate, "max_positions": max_positions}

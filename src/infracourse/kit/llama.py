@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from infracourse.kit.gpt import RMSNorm
-from infracourse.kit.hf_checkpoint import LlamaConfig, load_checkpoint
+from infracourse.kit.hf_checkpoint import LlamaConfig, load_checkpoint, make_and_describe
 
 
 def rope_frequencies(cfg: LlamaConfig, device=None) -> torch.Tensor:
@@ -257,7 +257,6 @@ def checkpoint_model(sizes: dict, seed: int, dtype: str = "fp32") -> Llama:
     random weights saved to a fresh folder (config.json + safetensors), then loaded, checked, from it."""
     import tempfile
 
-    from infracourse.kit.hf_checkpoint import make_and_describe
 
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
         make_and_describe(folder, sizes, dtype=dtype, seed=seed)
