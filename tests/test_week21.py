@@ -89,3 +89,54 @@ def test_honest_gateway_in_another_style_passes(grade_lab, machine):
 def test_report_in_other_words_passes(grade_lab):
     _, checks = grade_lab("week21", edits={"report.md": reworded})
     assert checks["report"].status == "passed", checks["report"].message
+
+
+def _week21_judge(monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("week21_judge", SOLUTION.parents[2] / "graders" / "week21" /
+                                                  "conftest.py")
+    judge = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, judge)  # its dataclasses look their module up there
+    spec.loader.exec_module(judge)
+    return judge
+
+
+class _Service:
+    """The judge's view of a course service for its scraper: answers /debug/state after `delay_s` (honouring the
+    scrape's timeout as a socket does), or refuses the connection once `gone`."""
+
+    def __init__(self, delay_s: float, gone: bool = False):
+        self.delay_s, self.gone = delay_s, gone
+
+    def request(self, method, path, body=None, *, timeout_s=10.0):
+        import socket
+        import time
+
+        if self.gone:
+            raise ConnectionRefusedError(111, "Connection refused")
+        if self.delay_s > timeout_s:
+            time.sleep(timeout_s)
+            raise socket.timeout("timed out")
+        time.sleep(self.delay_s)
+        return 200, {}, json.dumps({"running": 4, "waiting": 110, "requests_total": 130}).encode()
+
+
+@pytest.mark.parametrize("delay_s,gone,up", [(0.8, False, 1), (0.0, True, 0)])
+def test_diagnosis_scrape_reads_a_slow_answer_as_up_and_a_gone_process_as_down(monkeypatch, delay_s, gone, up):
+    """Issue 29: under the overload scenario's flood on a loaded CPU, /debug/state answered in ~0.5 s, the judge's
+    0.5 s scrape timeout recorded "up 0" and a correct diagnose named the overload a process exit."""
+    import threading
+    import time
+
+    grader = _week21_judge(monkeypatch)
+    out, stop = [], threading.Event()
+    scraper = threading.Thread(target=grader._scrape, args=(_Service(delay_s, gone), out, stop), daemon=True)
+    scraper.start()
+    time.sleep(1.0)
+    stop.set()
+    scraper.join(grader.SCRAPE_TIMEOUT_S + 1)
+    assert out and {m["up"] for m in out} == {up}, out
+    if up:
+        assert out[0]["waiting"] == 110, out[0]
