@@ -140,3 +140,44 @@ def test_diagnosis_scrape_reads_a_slow_answer_as_up_and_a_gone_process_as_down(m
     assert out and {m["up"] for m in out} == {up}, out
     if up:
         assert out[0]["waiting"] == 110, out[0]
+
+
+def _capacity_grade(monkeypatch, claimed: float, good_fraction: float, tpot_ms: float):
+    """test_capacity_reproduced on a grade whose 0.9x rerun met the SLO for `good_fraction` of its requests while
+    each token took `tpot_ms` on average (no request's tokens to compare: none succeeded)."""
+    import importlib.util
+    import sys
+
+    from infracourse.grading.serving import Phase
+
+    monkeypatch.setitem(sys.modules, "conftest", _week21_judge(monkeypatch))
+    spec = importlib.util.spec_from_file_location("week21_capacity", SOLUTION.parents[2] / "graders" / "week21" /
+                                                  "test_capacity.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    stats = {"mean": tpot_ms, "median": tpot_ms, "p99": tpot_ms}
+    run = {"rate": 0.9 * claimed, "n": 96, "good_fraction": good_fraction, "specs": [], "records": [],
+           "metrics": {"failed": 0, "ttft_ms": {"p99": 600.0}, "tpot_ms": stats}}
+    graded = type("Graded", (), {"device": "cpu", "phases": {"capacity": Phase(data={
+        "claimed": claimed, "below": run, "above": {**run, "good_fraction": 0.5}})}})
+    check.test_capacity_reproduced(graded, None, lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("claimed,tpot_ms,verdict", [
+    (13.4, 25.2, "failed"),    # the machine kept the floor: the claim itself missed
+    (13.4, 28.0, "blocked"),   # steps 12 % over the floor: 0.9x asked 101 % of what the platform then held
+    (11.0, 28.0, "failed"),    # a claim with room to spare missed even at that pace
+    (17.4, 40.0, "failed"),    # above the slot ceiling (13.3/s) by 30 %: no load excuses it
+])
+def test_capacity_miss_is_blocked_only_when_the_machine_could_not_keep_the_floor(monkeypatch, claimed, tpot_ms,
+                                                                               verdict):
+    """Issue 29: a reference claim rerun at 0.9x on a loaded CPU missed the SLO; a correct learner failed."""
+    from infracourse.grading.plugin import BLOCKED_PREFIX
+    from infracourse.guard import LabCheckFailed
+
+    with pytest.raises((LabCheckFailed, pytest.skip.Exception)) as caught:
+        _capacity_grade(monkeypatch, claimed, good_fraction=0.9, tpot_ms=tpot_ms)
+    got = "blocked" if BLOCKED_PREFIX in str(caught.value) else "failed"
+    assert got == verdict, str(caught.value)
+    if claimed > 14.7:
+        assert "above what the platform can serve at all" in str(caught.value)
