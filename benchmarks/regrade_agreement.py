@@ -10,10 +10,10 @@ Weeks by default: every built week with at least one check (report checks aside)
 whose `needs` it lacks is `blocked` on both sides and compares nothing). `--copies K` bundles each reference K
 times under different learner ids, so that one week's grades meet each other in the regrade.
 
-Prints one line per bundle (self-reported and verified: checks passed of those run; every disagreement with the
-check, both statuses and the verified message), then the totals and the times. Exit 0: no disagreement and no
-bundle the regrade could not grade; 1: some; 2: bad arguments. Nothing of the course is changed: the bundles and
-the gradebook live in a scratch folder (kept with --keep DIR).
+Prints one line per bundle (self-reported and verified: checks passed of those run, the others named with their
+status; every disagreement with the check, both statuses and the verified message), then the totals and the
+times. Exit 0: no disagreement and no bundle the regrade could not grade; 1: some; 2: bad arguments. Nothing of
+the course is changed: the bundles and the gradebook live in a scratch folder (kept with --keep DIR).
 """
 from __future__ import annotations
 
@@ -42,10 +42,12 @@ def runnable_here(lab, hw) -> bool:
 
 
 def verdict(result: GradeResult | None) -> str:
+    """'7/8 passed (report failed)': of the checks that ran, those passed, then the others with their status."""
     if result is None:
         return "none"
     ran = [c for c in result.checks if c.status != "blocked"]
-    return f"{sum(c.status == 'passed' for c in ran)}/{len(ran)} passed"
+    others = ", ".join(f"{c.id} {c.status}" for c in ran if c.status != "passed")
+    return f"{sum(c.status == 'passed' for c in ran)}/{len(ran)} passed" + (f" ({others})" if others else "")
 
 
 def self_grade(course, lab, hw, scratch: Path) -> tuple[GradeResult, dict[str, bytes], float]:
@@ -79,9 +81,9 @@ def main() -> int:
     for lab in labs:
         result, files, took = self_grade(course, lab, hw, scratch)
         print(f"self-graded {lab.spec.week}: {verdict(result)} in {took:.0f} s", flush=True)
-        fields = dict(week=lab.spec.week, created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      infracourse_version=__version__, graders_sha256=graders_digest(lab),
-                      environment=hw.as_dict(), ceilings=None)
+        fields = {"week": lab.spec.week, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "infracourse_version": __version__, "graders_sha256": graders_digest(lab),
+                  "environment": hw.as_dict(), "ceilings": None}
         for k in range(args.copies):
             path = scratch / "bundles" / f"{lab.spec.week}-ref{k}.zip"
             path.parent.mkdir(exist_ok=True)
@@ -96,7 +98,7 @@ def main() -> int:
     began = time.perf_counter()
     load_before = os.getloadavg()[0]
     done = subprocess.run([sys.executable, "-m", "infracourse", "cohort", "regrade", "--workers", str(args.workers),
-                           "--gradebook", str(book_path)], cwd=course.root, capture_output=True, text=True)
+                           "--gradebook", str(book_path)], cwd=course.root, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - began
     if done.returncode != 0:
         print(f"cohort regrade exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -113,7 +115,9 @@ def main() -> int:
             ungraded += 1
             print("  not regraded: see `cohort regrade`'s output above")
         for d in found:
-            print(f"  DISAGREE {d['check']}: self {d['self']}, verified {d['verified']}: {d['message']}")
+            said = {c.id: c.message for c in mine.checks}.get(d["check"], "")
+            print(f"  DISAGREE {d['check']}: self {d['self']}, verified {d['verified']}"
+                  f"\n    self: {said[:300] or '-'}\n    verified: {d['message'] or '-'}")
         disagreeing += bool(found)
     print(f"{len(bundles)} bundle(s), {disagreeing} with a disagreement, {ungraded} not regraded; regrade with "
           f"{args.workers} worker(s) on {os.cpu_count()} CPU(s): {wall:.0f} s wall ({wall / len(bundles):.1f} s per "

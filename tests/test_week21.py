@@ -111,14 +111,13 @@ class _Service:
         self.delay_s, self.gone = delay_s, gone
 
     def request(self, method, path, body=None, *, timeout_s=10.0):
-        import socket
         import time
 
         if self.gone:
             raise ConnectionRefusedError(111, "Connection refused")
         if self.delay_s > timeout_s:
             time.sleep(timeout_s)
-            raise socket.timeout("timed out")
+            raise TimeoutError("timed out")  # socket.timeout, as a socket raises it
         time.sleep(self.delay_s)
         return 200, {}, json.dumps({"running": 4, "waiting": 110, "requests_total": 130}).encode()
 
