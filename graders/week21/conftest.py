@@ -351,7 +351,7 @@ def run_scenario(server: Server, sc: Scenario, seed: int, onset_s: float, flag: 
                 continue
     if flood:
         # The overload began when its first request left the judge, by the load generator's own stamp: on a loaded
-        # CPU the thread that sends it has been seen to start 1.3 s after the judge decided to (issue 29)
+        # CPU its first request has been seen to reach the service 1.03 s after the judge decided to send it (issue 29)
         flood["thread"].join(DIAG_AFTER_S + 10)
         sent = [r.send_time for r in flood.get("records", ())]
         if sent:
