@@ -11,6 +11,7 @@ import statistics
 
 WINDOW_S = 0.5        # step times and arrival rates are judged over windows of this length
 BASELINE_S = 1.0      # the first second is the steady state
+HOLD_S = 0.5          # a step time that rose stays up this long (or to the end of the scrapes) to count
 
 
 def _windows(samples: list[dict]) -> list[tuple[float, float, float]]:
@@ -40,12 +41,9 @@ def diagnose(logs: list[dict], metrics: list[dict]) -> dict:
     base = [w for w in windows if w[0] - start <= BASELINE_S] or windows[:3]
     step0 = statistics.median(w[1] for w in base)
     waiting0 = max(m["waiting"] for m in steady)
-    for t, step_s, _ in windows:
-        if step_s > 2.0 * step0:
-            slow_at = t - WINDOW_S / 2
-            break
-    else:
-        slow_at = None
+    # a slow dependency slows every step from then on; a busy CPU slows a few: the rise must last HOLD_S
+    slow_at = next((t - WINDOW_S / 2 for t, step_s, _ in windows if step_s > 2.0 * step0
+                    and all(w[1] > 2.0 * step0 for w in windows if t <= w[0] <= t + HOLD_S)), None)
     arrivals = sorted(e["ts"] for e in logs if e.get("event") == "request")
     burst_at = None
     for i in range(len(arrivals) - 8):  # 8 arrivals within 0.1 s: no steady 4/s does that
