@@ -98,7 +98,7 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 HONEST = Path(__file__).parent / "fixtures" / "honest" / "week03"
 
 
-@pytest.mark.parametrize("style", ["threads_condition", "events_barrier"])
+@pytest.mark.parametrize("style", ["threads_condition", "events_barrier", "thread_pool_server"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
     """Written from the handout alone, unlike the reference: a grader that fails one of them is wrong."""
     edits = {path.name: path.read_text() for path in (HONEST / style).glob("*.py")}
