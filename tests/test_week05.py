@@ -108,3 +108,33 @@ def test_cuda_rng_not_restored_fails_on_the_gpu(grade_lab):
     from it after the resume."""
     edit = replace_once('    if rng["cuda"]:\n        torch.cuda.set_rng_state_all(rng["cuda"])\n', "")
     assert_variant_fails(grade_lab, "week05", "resume-bf16", {"train.py": edit})
+
+
+CRASH_IN_THE_UNINTERRUPTED_RUN = '''
+
+_train_as_written = train
+
+
+def _deep(depth, run_dir):
+    if depth:
+        return _deep(depth - 1, run_dir)
+    raise ValueError("the cause, at the end of a long traceback")
+
+
+def train(run_dir, *args, **kwargs):
+    if Path(run_dir).name == "full":  # only the grader's uninterrupted run
+        _deep(60, run_dir)
+    return _train_as_written(run_dir, *args, **kwargs)
+'''
+
+
+def test_a_crashed_run_keeps_the_end_of_its_traceback(grade_lab):
+    """A driver that crashed was reported with its traceback cut at the head, so the cause (the last line) was
+    lost: the message keeps the traceback's tail, whatever its length."""
+    result, checks = grade_lab("week05", edits={"train.py": lambda text: text + CRASH_IN_THE_UNINTERRUPTED_RUN},
+                               checks=["resume-losses"])
+    check = checks["resume-losses"]
+    assert check.status == "error", (check.status, check.message)
+    assert "the uninterrupted run crashed" in check.message, check.message
+    assert check.message.rstrip().endswith("ValueError: the cause, at the end of a long traceback"), check.message
+    assert "characters left out" in check.message  # a long traceback: its middle goes, its head and tail stay

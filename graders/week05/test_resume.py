@@ -150,8 +150,13 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
 
     proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "resumed.pt",
                           work / "resumed.log")
-    full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
-    resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
+    try:
+        full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
+        resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
+    finally:
+        if proc.poll() is None:  # the uninterrupted run failed first: the resumed one is not left running
+            _kill(proc)
+            proc.wait()
     return KillAndResume(full, killed, resumed, kill_at, seed, work)
 
 
