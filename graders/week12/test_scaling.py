@@ -8,9 +8,9 @@ takes 512 per step, world 2 takes 256 per rank; weak scaling keeps the per-rank 
 The communication share is measured inside one run (the world-2 timed run): the course's DDP comm hook times
 each gradient all-reduce, the course's optimiser clock times each step, and the share is the first over the
 second; the report's comm_share is checked against it. The scaling loss (1 - weak efficiency, from the MEAN
-steps of the world-1 weak run and the world-2 run, as the handout defines it) is a different figure, re-measured
-here the same way, and the report's scaling_loss is checked against that (wider: a ratio of two launches, which a
-loaded machine moves between grades); the efficiencies themselves are recorded for a person only."""
+steps of the world-1 weak run and the world-2 run, as the handout defines it) is a different figure: it is
+re-measured here the same way and recorded for a person, like the efficiencies, never compared (ratios of two
+launches, which a loaded machine moves 0.45-2.2 between grades; the loss read -0.48 at load 12)."""
 from __future__ import annotations
 
 from statistics import fmean, median
@@ -75,7 +75,7 @@ def test_scaling(launches, record):
     record("samples per s", STRONG_GLOBAL / t2, unit="samples/s")
     record("strong efficiency", t1_strong / (2 * t2))
     record("weak efficiency", t1_weak / t2)
-    # the report's scaling_loss: 1 - weak efficiency on the mean steps (the waits the loss is made of)
+    # the scaling loss as the handout defines it: 1 - weak efficiency on the mean steps (for a person: not compared)
     t1_mean = fmean(step_gaps(one.results("weak")[0]))
     t2_mean = max(fmean(step_gaps(r)) for r in two.results("timed"))
     record("scaling loss", 1 - t1_mean / t2_mean)
