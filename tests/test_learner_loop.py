@@ -246,4 +246,20 @@ def test_the_grade_table_names_each_figure_and_explains_its_columns():
                          checks=[check])
     shown = _squash(_render(lambda c: views.print_grade(c, result)))
     assert "relative error: 3.7e-08" in shown and "1e-05" in shown
-    assert "measured: the first figure the check recorded, by name" in shown and "target: the grader's bar" in shown
+    assert "measured: the figure the check judged" in shown and "target: the bar it had to meet" in shown
+    assert "marked 're-measured', what the grader itself measured" in shown
+
+
+def test_the_grade_table_shows_the_judged_figure_and_marks_a_re_measured_target():
+    """Week 15's decode speed-up row showed the prefill time (recorded first, with no target); a target that is
+    the grader's own measurement read as a bar."""
+    speedup = CheckResult(id="decode-speedup", title="t", kind="performance", needs="cpu", status="passed",
+                          figures={"prefill": {"value": 4.2, "unit": "ms"},
+                                   "decode speed-up": {"value": 3.1, "target": 2.0, "unit": "x"}})
+    alpha = CheckResult(id="cost-model", title="t", kind="performance", needs="cpu", status="passed",
+                        figures={"alpha": {"value": 539.0, "target": 612.0, "unit": "us", "target_is": "re-measured"}})
+    result = GradeResult(week="week15", tier="cpu", device="cpu", fingerprint="f", started_at="t", seconds=1.0,
+                         checks=[speedup, alpha])
+    shown = _squash(_render(lambda c: views.print_grade(c, result)))
+    assert "decode speed-up: 3.1 x" in shown and "prefill" not in shown
+    assert "alpha: 539 us re-measured 612 us" in shown

@@ -135,3 +135,25 @@ def test_no_device_sync_fails_on_the_gpu(grade_lab):
     edit = replace_once("    return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)",
                         "    return lambda: None")
     assert_variant_fails(grade_lab, "week01", "sync-cuda", {HARNESS: edit})
+
+
+def test_the_handout_states_the_graders_workloads():
+    """The handout's table gave a 30 ms slow start and a 10 ms make_args while the grader used 60 ms and 30 ms: the
+    numbers a learner reads are the ones the grader's workloads are built with (read from the grader's source)."""
+    import ast
+
+    root = Path(__file__).parent.parent
+    handout = (root / "labs" / "week01-timing" / "README.md").read_text()
+    tree = ast.parse((root / "graders" / "week01" / "test_harness.py").read_text())
+    calls = {node.func.id: node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                 and isinstance(node.value, ast.Constant)}
+    slow = {k.arg: ast.literal_eval(k.value) for k in calls["SlowStart"].keywords}
+    fast = ast.literal_eval(calls["SlowStart"].args[0])
+    assert (f"first {slow['slow_calls']} calls take {slow['slow_s'] * 1e3:.0f} ms and later ones "
+            f"{fast * 1e3:.0f} ms") in handout
+    assert f"no sample above {slow['slow_s'] * 1e3 / 2:.0f} ms" in handout
+    assert f"`make_args` takes {constants['PREPARE_S'] * 1e3:.0f} ms" in handout
+    assert f"hands a {ast.literal_eval(calls['ThreadQueue'].args[0]) * 1e3:.0f} ms job" in handout

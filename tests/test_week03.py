@@ -98,7 +98,7 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 HONEST = Path(__file__).parent / "fixtures" / "honest" / "week03"
 
 
-@pytest.mark.parametrize("style", ["threads_condition", "events_barrier"])
+@pytest.mark.parametrize("style", ["threads_condition", "events_barrier", "thread_pool_server"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
     """Written from the handout alone, unlike the reference: a grader that fails one of them is wrong."""
     edits = {path.name: path.read_text() for path in (HONEST / style).glob("*.py")}
@@ -115,3 +115,16 @@ def test_report_with_an_invented_figure_fails(grade_lab, machine):
     _, checks = grade_lab("week03", edits={"report.md": invented("pad_utilisation", 0.5)})
     assert checks["report"].status == "failed"
     assert "pad_utilisation = " in checks["report"].message and "the grader measured" in checks["report"].message
+
+
+def test_clients_started_one_after_another_are_told_to_start_together(grade_lab):
+    """A server measured honestly, but whose clients start one by one (here 20 ms apart, as thread start-up on a
+    busy machine can be): fewer than c requests are in flight for a while, so throughput x latency falls short
+    of c. The message names the cause and the fix (a barrier), which the handout asks for."""
+    staggered = replace_once(
+        "        ready.wait()  # all clients start together: none runs alone while the others are being created\n",
+        "        time.sleep(0.02 * k)  # each client starts when its thread happens to run\n")
+    _, checks = grade_lab("week03", edits={EXPERIMENT: staggered}, checks=["littles-law"])
+    check = checks["littles-law"]
+    assert check.status == "failed", (check.status, check.message)
+    assert "Little's law" in check.message and "threading.Barrier" in check.message, check.message

@@ -108,3 +108,70 @@ def test_cuda_rng_not_restored_fails_on_the_gpu(grade_lab):
     from it after the resume."""
     edit = replace_once('    if rng["cuda"]:\n        torch.cuda.set_rng_state_all(rng["cuda"])\n', "")
     assert_variant_fails(grade_lab, "week05", "resume-bf16", {"train.py": edit})
+
+
+CRASH_IN_THE_UNINTERRUPTED_RUN = '''
+
+_train_as_written = train
+
+
+def _deep(depth, run_dir):
+    if depth:
+        return _deep(depth - 1, run_dir)
+    raise ValueError("the cause, at the end of a long traceback")
+
+
+def train(run_dir, *args, **kwargs):
+    if Path(run_dir).name == "full":  # only the grader's uninterrupted run
+        _deep(60, run_dir)
+    return _train_as_written(run_dir, *args, **kwargs)
+'''
+
+
+def test_a_crashed_run_keeps_the_end_of_its_traceback(grade_lab):
+    """A driver that crashed was reported with its traceback cut at the head, so the cause (the last line) was
+    lost: the message keeps the traceback's tail, whatever its length."""
+    result, checks = grade_lab("week05", edits={"train.py": lambda text: text + CRASH_IN_THE_UNINTERRUPTED_RUN},
+                               checks=["resume-losses"])
+    check = checks["resume-losses"]
+    assert check.status == "error", (check.status, check.message)
+    assert "the uninterrupted run crashed" in check.message, check.message
+    assert check.message.rstrip().endswith("ValueError: the cause, at the end of a long traceback"), check.message
+    assert "characters left out" in check.message  # a long traceback: its middle goes, its head and tail stay
+
+
+RECORDS_ITS_HOME = '''
+
+_train_unrecorded = train
+
+
+def train(run_dir, *args, **kwargs):
+    import time
+    (Path(run_dir) / f"home-of-{time.time_ns()}").write_text(os.environ["HOME"])
+    return _train_unrecorded(run_dir, *args, **kwargs)
+'''
+
+
+def test_the_runs_side_by_side_have_homes_of_their_own(tmp_path):
+    """Each sandbox numbers its processes from 1, so the uninterrupted run and the one killed beside it have the
+    same pid: in one HOME, whatever is named by pid (a temporary file, a cache entry) would be shared by two live
+    processes (an honest style's pid-named temporary file crashed a resume that way once). The grader gives the
+    uninterrupted run a HOME of its own."""
+    import importlib.util
+    import shutil
+    import sys
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("week05_resume_grader", root / "graders/week05/test_resume.py")
+    grader = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = grader  # its dataclasses look their module up there
+    spec.loader.exec_module(grader)
+    learner = tmp_path / "learner"
+    shutil.copytree(root / "labs/week05-training-resume/solution", learner)
+    (learner / "train.py").write_text((learner / "train.py").read_text() + RECORDS_ITS_HOME)
+    runs = grader.kill_and_resume(learner, tmp_path / "work", "cpu", "fp32", seed=5)
+    assert len(runs.full.steps) == grader.STEPS and runs.resumed.steps
+    homes = {name: {p.read_text() for p in (tmp_path / "work" / name).glob("home-of-*")}
+             for name in (f"{grader.ALONE}/full", "interrupted")}
+    assert len(homes[f"{grader.ALONE}/full"]) == 1 and len(homes["interrupted"]) == 1, homes
+    assert not homes[f"{grader.ALONE}/full"] & homes["interrupted"], homes

@@ -60,9 +60,6 @@ VARIANTS = {
     # a communication share not measured: the course's hook times the all-reduce at 0.4-0.6 of the step
     "invented communication share in the report": ("report", {"report.md": replace_once(
         "comm_share: 0.58 ", "comm_share: 0.05 ")}),
-    # "no scaling loss": the loss is what the measured all-reduce share explains, never zero with two ranks
-    "scaling loss claimed away in the report": ("report", {"report.md": replace_once(
-        "scaling_loss: 0.39 ", "scaling_loss: 0.0 ")}),
 }
 
 

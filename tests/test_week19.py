@@ -108,3 +108,16 @@ def test_invented_data_wait_fails_the_report(grade_lab):
 def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
     edits = {p.name: p.read_text() for p in (FIXTURES / folder).iterdir() if p.is_file()}
     assert_solution_passes(grade_lab, machine, "week19", edits=edits)
+
+
+def test_a_shuffle_that_differs_between_processes_is_named(grade_lab):
+    """hash() of a str is salted per process: a loader shuffled from it hands out another order in the process
+    that resumes it. The message names that, not the saved position (which is right)."""
+    salted = replace_once('random.Random(f"{self.seed}/{self.epoch}/{name}")',
+                          'random.Random(hash(f"{self.seed}/{self.epoch}/{name}"))')
+    result, checks = grade_lab("week19", edits={"loader.py": salted}, checks=["resume-exact"])
+    check = checks["resume-exact"]
+    assert check.status == "failed", (check.status, check.message)
+    assert "different orders" in check.message and "hash()" in check.message, check.message
+    assert "RECEIVED" not in check.message and "last batch the loop received" not in check.message
+    assert not result.complete

@@ -23,6 +23,7 @@ from infracourse.grader import LabCheckFailed, LearnerRaised, output
 from infracourse.kit.resume_driver import NOT_WRITTEN, NO_MODEL_STATE, launch
 
 STEPS, SAVE_EVERY = 24, 3
+ALONE = "uninterrupted"  # the uninterrupted run's own scratch folder, inside the check's work folder
 BF16_LOSS_RTOL = 1e-3
 INIT_SCALE, GROWTH_INTERVAL = 2.0 ** 10, 2  # the handout's GradScaler for fp16
 
@@ -113,10 +114,14 @@ def _finish(proc, log: Path, what: str, final: Path | None, run: Run) -> Run:
 
 def kill_and_resume(learner_dir: Path, work: Path, device: str, precision: str, seed: int) -> KillAndResume:
     kill_at = random.Random(seed).randint(2 * SAVE_EVERY, STEPS - 2)
-    for name in ("full", "interrupted"):
-        (work / name).mkdir(parents=True)
-    # the uninterrupted run and the one to be killed are independent: run them side by side
-    uninterrupted = _train_process(learner_dir, work, work / "full", device, precision, work / "full.pt",
+    alone = work / ALONE
+    for folder in (alone / "full", work / "interrupted"):
+        folder.mkdir(parents=True)
+    # the uninterrupted run and the one to be killed are independent: run them side by side, each in a scratch
+    # folder (so a HOME) of its own. Each sandbox numbers its processes from 1, so both runs have the same pid:
+    # in one HOME, whatever is named by pid (a temporary file, a cache entry being written) would be shared by
+    # two live processes
+    uninterrupted = _train_process(learner_dir, alone, alone / "full", device, precision, alone / "full.pt",
                                    work / "full.log")
     try:
         return _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, kill_at, seed)
@@ -148,8 +153,13 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
 
     proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "resumed.pt",
                           work / "resumed.log")
-    full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / "full.pt", Run())
-    resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
+    try:
+        full = _finish(uninterrupted, work / "full.log", "uninterrupted run", work / ALONE / "full.pt", Run())
+        resumed = _finish(proc, work / "resumed.log", "resumed run", work / "resumed.pt", Run())
+    finally:
+        if proc.poll() is None:  # the uninterrupted run failed first: the resumed one is not left running
+            _kill(proc)
+            proc.wait()
     return KillAndResume(full, killed, resumed, kill_at, seed, work)
 
 

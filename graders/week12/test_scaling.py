@@ -7,12 +7,13 @@ takes 512 per step, world 2 takes 256 per rank; weak scaling keeps the per-rank 
 
 The communication share is measured inside one run (the world-2 timed run): the course's DDP comm hook times
 each gradient all-reduce, the course's optimiser clock times each step, and the share is the first over the
-second. It is what explains the scaling loss (1 - weak efficiency), and the report's scaling_loss and
-comm_share are checked against it; the efficiencies themselves, ratios of two launches that a loaded machine
-moves 0.45-2.2 between grades, are recorded for a person only."""
+second; the report's comm_share is checked against it. The scaling loss (1 - weak efficiency, from the MEAN
+steps of the world-1 weak run and the world-2 run, as the handout defines it) is a different figure: it is
+re-measured here the same way and recorded for a person, like the efficiencies, never compared (ratios of two
+launches, which a loaded machine moves 0.45-2.2 between grades; the loss read -0.48 at load 12)."""
 from __future__ import annotations
 
-from statistics import median
+from statistics import fmean, median
 
 import pytest
 
@@ -73,7 +74,10 @@ def test_scaling(launches, record):
     record("samples per s", STRONG_GLOBAL / t2, unit="samples/s")
     record("strong efficiency", t1_strong / (2 * t2))
     record("weak efficiency", t1_weak / t2)
-    record("scaling loss (1 - weak efficiency, across launches)", 1 - t1_weak / t2)  # for a person: load varies
+    # the scaling loss as the handout defines it: 1 - weak efficiency on the mean steps (for a person: not compared)
+    t1_mean = fmean(step_gaps(one.results("weak")[0]))
+    t2_mean = max(fmean(step_gaps(r)) for r in two.results("timed"))
+    record("scaling loss", 1 - t1_mean / t2_mean)
     share = sum(comm_share(r) for r in two.results("timed")) / 2  # the mean of the two ranks
     record("communication share", share)  # the course's hook / the course's clock, inside the same world-2 run
     record("mfu", flops / (t2 * 2 * launches.peak_flops))

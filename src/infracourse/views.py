@@ -152,16 +152,23 @@ def _last_grade(row: dict) -> str:
 
 
 def _figure(check) -> tuple[str, str]:
-    """(measured, target) of the check's first figure, the measured value named: a bare number means nothing."""
+    """(measured, target) of the figure the check's verdict rests on, the measured value named: a bare number
+    means nothing. That is the first figure with a target (a check that records a prefill time before the
+    speed-up it judges shows the speed-up), else the first one; a target that is the grader's own measurement
+    of the same work reads 're-measured', not as a bar to beat."""
     if not check.figures:
         return "", ""
-    name, head = next(iter(check.figures.items()))
+    name, head = next(((n, f) for n, f in check.figures.items() if f.target is not None),
+                      next(iter(check.figures.items())))
     measured, target = head.shown()
-    return f"{name}: {measured}", target
+    kind = head.detail.get("target_is")
+    return f"{name}: {measured}", f"{kind} {target}" if target and kind else target
 
 
-FIGURE_COLUMNS = ("measured: the first figure the check recorded, by name (result.json has them all); target: the "
-                  "grader's bar for it, or the grader's own measurement of the same work")
+FIGURE_COLUMNS = ("measured: the figure the check judged (the first with a target, else the first recorded), named, "
+                  "from your code; target: the bar it had to meet, or, marked 're-measured', what the grader itself "
+                  "measured of the same work in this grade (it moves with the machine's load); every figure is in "
+                  ".grade/result.json in the week's folder, or `grade --json`")
 
 
 def print_grade(console: Console, result: GradeResult, plots: list[Path] = ()) -> None:

@@ -106,7 +106,8 @@ def compare_figures(reported: dict[str, float], spec: Report, measured: dict[str
                 "configuration, on this machine, in the unit asked for"
                 + ("; figures from another machine or an earlier version of your code differ: `infracourse measure` "
                    "writes this machine's into the block" if figure.check else ""))
-        compared[figure.name] = {"value": mine, "target": ours, "unit": ""}
+        compared[figure.name] = {"value": mine, "target": ours, "unit": "",
+                                 "target_is": "re-measured" if figure.check else "expected"}
     return compared
 
 
@@ -171,4 +172,4 @@ def test_report(learner, hardware, record, request):
     compared = check_report(learner.path(spec.file), spec, hardware, template=template,
                             measured=session.figures, statuses=session.statuses)
     for figure_name, figure in compared.items():
-        record(figure_name, figure["value"], target=figure["target"])
+        record(figure_name, figure["value"], target=figure["target"], target_is=figure["target_is"])
