@@ -10,7 +10,7 @@ import time
 import pytest
 
 from infracourse.grader import LabCheckFailed
-from infracourse.kit import sequences
+from infracourse.kit.sequences import StampedModel, warm_up
 
 
 CONCURRENCIES, MAX_BATCH, PER_CLIENT = [1, 8], 2, 20
@@ -31,9 +31,9 @@ def _requested(sequences, concurrency):
 @pytest.mark.check("littles-law")
 def test_littles_law(schemes, experiment, workload, learner, record):
     sequences = [s for batch in workload.batches for s in batch]
-    model = learner.build(sequences.StampedModel, workload.remote_model)
+    model = learner.build(StampedModel, workload.remote_model)
     # The first calls (allocator, caches) happen here, not inside the learner's first latencies.
-    learner.build(sequences.warm_up, model, workload.batches[:2])
+    learner.build(warm_up, model, workload.batches[:2])
     model.take()
     for concurrency in CONCURRENCIES:
         t0 = time.perf_counter()
