@@ -6,9 +6,7 @@ a digest of the batch) and the live state the driver reads from the objects trai
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import shutil
 import subprocess
 import threading
@@ -58,10 +56,7 @@ def _train_process(learner_dir: Path, work: Path, run_dir: Path, device: str, pr
 
 def _kill(proc) -> None:
     """SIGKILL the run at once: the sandbox's whole process tree dies with the process the judge started."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    proc.kill_tree()  # infracourse.launch's one process-group kill
 
 
 def _step_line(text: str) -> dict | None:
