@@ -5,14 +5,13 @@ import json
 import math
 import sqlite3
 from contextlib import closing
-from pathlib import Path
 
 import pytest
+from judgechannel import Channel
 from minicourse import make_course
 
 from infracourse.cohort import synthetic
 from infracourse.cohort.gradebook import Gradebook
-from infracourse.grading import runner
 from infracourse.grading.results import DETAIL_KEYS, CheckResult, Figure, FigureError, GradeResult
 from infracourse.grading.runner import grade
 from infracourse.progress import Progress
@@ -247,16 +246,9 @@ def test_figures_cross_from_the_judge_typed_and_bad_ones_are_errors(tmp_path, ma
 
 def test_the_runner_turns_a_malformed_figure_from_the_judge_into_an_error(tmp_path):
     course = make_course(tmp_path / "course", CHECKS, GRADERS, "answers")
-    lab = course.lab("week01")
-    newly, started, seen = {}, set(), []
-
-    def send(running, **event):
-        return runner._accept(json.dumps(event).encode(), lab, {c.id for c in lab.spec.checks}, started, {}, newly,
-                              running, seen.append, {})
-
-    running = send(None, event="start", check="answers")
-    send(running, event="result", check="answers", status="passed",
-         figures={"fast": {"value": "1e9", "unit": "GB/s"}})
-    assert newly["answers"].status == "error" and newly["answers"].figures == {}
-    assert "malformed figure (figure 'fast': value must be a finite number" in newly["answers"].message
-    assert seen[-1]["status"] == "error"
+    channel = Channel(course.lab("week01"), folder=tmp_path)
+    channel.send(event="start", check="answers")
+    channel.send(event="result", check="answers", status="passed", figures={"fast": {"value": "1e9", "unit": "GB/s"}})
+    assert channel.newly["answers"].status == "error" and channel.newly["answers"].figures == {}
+    assert "malformed figure (figure 'fast': value must be a finite number" in channel.newly["answers"].message
+    assert channel.seen[-1]["status"] == "error"

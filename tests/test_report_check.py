@@ -127,7 +127,7 @@ def test_a_blocked_check_leaves_its_figure_out_but_a_failed_one_fails_the_report
 def test_a_passed_check_without_its_figure_is_an_error_not_a_failure(write, machine):
     """Measured in an earlier judge process of the grade (restarted after a device fault): nothing to compare
     with, which is not the learner's fault; the check errs (fails closed) instead of failing the report."""
-    with pytest.raises(RuntimeError, match="grade again"):
+    with pytest.raises(RuntimeError, match="a course bug"):
         _check(write(_report(GOOD)), machine, measured={"overhead": MEASURED["overhead"]})
 
 

@@ -102,36 +102,15 @@ def test_starter_not_implemented_is_failed_not_passed(tmp_path, cpu):
 
 # ---------------------------------------------------------------------------------------------- what the runner decides
 # Unit tests of the runner's own rules: they hold whatever a judge sends, so they take events as lines.
-import json  # noqa: E402
 
 from infracourse.grading import runner  # noqa: E402
 from infracourse.grading.results import CheckResult, GradeResult  # noqa: E402
+from judgechannel import Channel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def lab():
     return Course(FIXTURE).lab("week01")
-
-
-class Channel:
-    """The runner's side of one judge process: lines in, accepted results out."""
-
-    def __init__(self, lab, settled=None):
-        self.seen = []
-        self.session = runner.GradeSession(lab=lab, work=FIXTURE, snapshot=FIXTURE, env={}, settled=settled or {},
-                                           on_event=self.seen.append)
-        self.judge = runner.JudgeRun(known={c.id for c in lab.spec.checks})
-
-    @property
-    def newly(self):
-        return self.judge.newly
-
-    @property
-    def running(self):
-        return self.judge.running
-
-    def send(self, **event):
-        runner._accept(json.dumps(event).encode() if event else b"not json at all", self.session, self.judge)
 
 
 def test_a_result_counts_only_after_its_own_start_and_only_once(lab):
