@@ -4,7 +4,7 @@ from pathlib import Path
 
 from infracourse import sandbox
 from infracourse.grading.protocol import COMPILE_CACHE_ENV
-from infracourse.grading.remote import Worker
+from infracourse.grading.remote import WorkerClient
 
 PROBE = ("import os\n"
          "def where():\n"
@@ -18,7 +18,7 @@ def _probe(tmp_path: Path) -> str:
     folder = tmp_path / "learner"
     folder.mkdir()
     (folder / "probe.py").write_text(PROBE)
-    worker = Worker(folder, gpu=False)
+    worker = WorkerClient(folder, gpu=False)
     try:
         return worker.module("probe").where()
     finally:

@@ -43,7 +43,7 @@ def violations(source: str, filename: str = "grader.py") -> list[str]:
             if isinstance(node.value, ast.Name) and node.value.id == "infracourse" and not node.attr.startswith("__") \
                     and not f"infracourse.{node.attr}".startswith(ALLOWED):
                 flag(node, f"reaches {ast.unparse(node)} past the front door")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "WorkerObject":
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "BuildInWorker":
             flag(node, "names a worker object by a string: in_worker(kit_function, ...) or learner.build(...)")
     return found
 
@@ -65,7 +65,7 @@ def _check_module(module: str, node, flag) -> None:
     ("from conftest import require", "conftest"),
     ("def f(fn):\n    return fn._handle", "fn._handle"),
     ("from infracourse.kit.porting import _traced", "_traced"),
-    ("x = WorkerObject('infracourse.kit.gpt:GPTConfig')", "by a string"),
+    ("x = BuildInWorker('infracourse.kit.gpt:GPTConfig')", "by a string"),
 ])
 def test_each_rule_catches_its_breach(source, what):
     found = violations(source)

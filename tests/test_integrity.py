@@ -183,11 +183,11 @@ def _cheat_name(name: str) -> str:
 
 
 def _start_worker(folder, source: str):
-    from infracourse.grading.remote import Worker
+    from infracourse.grading.remote import WorkerClient
 
     folder.mkdir()
     (folder / "softmaxes.py").write_text(source)
-    return Worker(folder, gpu=False)
+    return WorkerClient(folder, gpu=False)
 
 
 @pytest.fixture(scope="module")

@@ -78,12 +78,12 @@ def ceilings():
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     """The learner's functions in a grading worker on the GPU, as graders time them."""
-    from infracourse.grading.remote import Worker
+    from infracourse.grading.remote import WorkerClient
 
     folder = tmp_path_factory.mktemp("integrity-gpu") / "learner"
     folder.mkdir()
     (folder / "doubles.py").write_text(LEARNER)
-    worker = Worker(folder, gpu=True)
+    worker = WorkerClient(folder, gpu=True)
     try:
         yield worker.module("doubles")
     finally:

@@ -214,10 +214,10 @@ def test_corrupt_database_without_backup_says_what_is_lost_and_how_to_rebuild(tm
 
 # ------------------------------------------------------------------ segfault location
 def test_a_segfault_in_learner_code_shows_where(tmp_path):
-    from infracourse.grading.remote import Worker, WorkerFailed
+    from infracourse.grading.remote import WorkerClient, WorkerFailed
 
     (tmp_path / "crash.py").write_text("import ctypes\n\ndef boom():\n    return ctypes.string_at(0)\n")
-    worker = Worker(tmp_path, gpu=False)
+    worker = WorkerClient(tmp_path, gpu=False)
     try:
         with pytest.raises(WorkerFailed) as raised:
             worker.module("crash").boom()

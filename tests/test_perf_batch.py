@@ -29,12 +29,12 @@ def test_an_absurd_host_time_gets_no_more_than_the_maximum_hold():
 
 
 def _worker_with(tmp_path, source: str):
-    from infracourse.grading.remote import Worker
+    from infracourse.grading.remote import WorkerClient
 
     folder = tmp_path / "learner"
     folder.mkdir()
     (folder / "mod.py").write_text(source)
-    return Worker(folder, gpu=False)
+    return WorkerClient(folder, gpu=False)
 
 
 def test_timed_through_the_worker_checks_outputs_of_the_clocked_calls(tmp_path):
@@ -362,7 +362,7 @@ def test_a_timed_forward_and_backward_counts_kernels_launched_from_any_thread(tm
 
     from infracourse.grading import perf
     from infracourse.grading.inputs import tensors
-    from infracourse.grading.protocol import WorkerObject
+    from infracourse.grading.protocol import BuildInWorker
     from infracourse.failures import LabCheckFailed
 
     worker = _worker_with(tmp_path, f"USE_KERNEL = {use_kernel}\n" + DOUBLE_WITH_A_THREADED_BACKWARD)
@@ -373,7 +373,7 @@ def test_a_timed_forward_and_backward_counts_kernels_launched_from_any_thread(tm
         torch.testing.assert_close(out[1], 2 * dy)
 
     try:
-        both = worker.build(WorkerObject("infracourse.kit.probes:ForwardBackward", (worker.module("mod").double,)))
+        both = worker.build(BuildInWorker("infracourse.kit.probes:ForwardBackward", (worker.module("mod").double,)))
         spec = tensors([[1000], [1000]], device="cpu", seed=1)
         if use_kernel:
             perf.timed(both, spec, check=check, label="double", require_kernel=True, calls=4)

@@ -352,10 +352,10 @@ def test_week07_forged_records_fail_kernel_did_work_and_the_reference_passes(gra
 
 def test_a_watched_call_fails_on_the_files_an_unwatched_one_runs(tmp_path):
     """Any check that reads a record of the worker (a watched call, in any week) reads the files first."""
-    from infracourse.grading.remote import Worker
+    from infracourse.grading.remote import WorkerClient
 
     (tmp_path / "mod.py").write_text("import gc\n_seen = len(gc.get_referrers(object))\n\ndef f(x):\n    return x\n")
-    worker = Worker(tmp_path, gpu=False)
+    worker = WorkerClient(tmp_path, gpu=False)
     try:
         f = worker.module("mod").f
         assert f(3) == 3

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from infracourse import sandbox
-from infracourse.grading.remote import LearnerRaised, RemoteObject, Worker, WorkerFailed
+from infracourse.grading.remote import LearnerRaised, RemoteObject, WorkerClient, WorkerFailed
 
 OUT_FD = "import sys\n\ndef out_fd():\n    return int(sys.argv[sys.argv.index('--out') + 1])\n\n"
 
@@ -34,11 +34,11 @@ def frame(header: dict, blobs: list[bytes] = ()) -> bytes:
 def make_worker(tmp_path):
     started = []
 
-    def _make(source: str, name: str = "mod") -> Worker:
+    def _make(source: str, name: str = "mod") -> WorkerClient:
         folder = tmp_path / f"learner{len(started)}"
         folder.mkdir()
         (folder / f"{name}.py").write_text(source)
-        worker = Worker(folder, gpu=False)
+        worker = WorkerClient(folder, gpu=False)
         started.append(worker)
         return worker
 
@@ -238,7 +238,7 @@ def count_of(c):
 def codec(tmp_path_factory):
     folder = tmp_path_factory.mktemp("codec")
     (folder / "codec.py").write_text(CODEC)
-    worker = Worker(folder, gpu=False)
+    worker = WorkerClient(folder, gpu=False)
     yield worker.module("codec")
     worker.close()
 

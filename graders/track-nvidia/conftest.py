@@ -7,7 +7,7 @@ its training step through kit.probes.GPTTrainer. On a GPU both sides are timed b
 (CUDA events, the judge's device-wide clock, outputs of timed calls checked here). On a CPU shared with other
 work a wall clock mostly measures the other work, and the worker's process may get less of the cores than the
 judge's: there each side is timed by the CPU seconds it spent, the judge's by time.process_time and the
-worker's by the kernel's per-thread accounting that the judge reads (Worker.clock, which learner code cannot
+worker's by the kernel's per-thread accounting that the judge reads (WorkerLoop.clock, which learner code cannot
 write), around kit.hotspot.Repeat of many calls; the last output is checked here. Both measurements are made
 once per grade and shared by the checks."""
 import dataclasses

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from infracourse.grader import (LabCheckFailed, WorkerObject, assert_close, assert_grad_close, build_inputs, dtype_name,
+from infracourse.grader import (LabCheckFailed, BuildInWorker, assert_close, assert_grad_close, build_inputs, dtype_name,
                                 in_worker, reference_time, scaled, timed)
 from infracourse.kit import hotspot
 from infracourse.kit.probes import ForwardBackward
@@ -51,8 +51,8 @@ def judge_seconds(fn: Callable, args: tuple, device, make_args=None) -> float:
     return seconds(reference_time(fn, make_args if make_args is not None else (lambda: args)))
 
 
-def worker_seconds(learner, spec: WorkerObject, args: tuple, check: Callable, estimate_s: float,
-                   inputs: WorkerObject | None = None) -> float:
+def worker_seconds(learner, spec: BuildInWorker, args: tuple, check: Callable, estimate_s: float,
+                   inputs: BuildInWorker | None = None) -> float:
     """CPU seconds of one call of the worker object `spec` (a course probe around the learner's code), read from
     the worker's kernel accounting around kit.hotspot.Repeat of enough calls for a round of ROUND_S; the least
     over five rounds after a warm-up. With `inputs` (a generator spec) the calls cycle through distinct inputs

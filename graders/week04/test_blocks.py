@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infracourse.grader import CallRecord, LabCheckFailed, LearnerRaised, WorkerObject, assert_close, in_worker
+from infracourse.grader import CallRecord, LabCheckFailed, LearnerRaised, BuildInWorker, assert_close, in_worker
 from infracourse.kit import probes_autograd
 from infracourse.kit.gpt import MLP, Block, CausalSelfAttention, GPTConfig, RMSNorm
 
@@ -19,7 +19,7 @@ def blocks(learner):
     return learner.module("blocks")
 
 
-def _config(cfg: GPTConfig) -> WorkerObject:
+def _config(cfg: GPTConfig) -> BuildInWorker:
     """The same GPTConfig, built in the worker (a learner's module takes it as its argument)."""
     return in_worker(GPTConfig, **dataclasses.asdict(cfg))
 

@@ -9,7 +9,7 @@ this module holds what a grader calls. By job:
   thing: not retried, no busy-machine note), `blocked("why")` (this machine cannot run the check: not a failure)
 - learner calls: objects of the `learner` fixture are proxies; calling one runs the learner's code in the
   sandboxed worker and raises `LearnerRaised` / `LearnerHung` for what it did. `in_worker(kit.fn, *args)` names a
-  course object to build inside the worker (a `WorkerObject`; `learner.build(kit.fn, *args)` builds it),
+  course object to build inside the worker (a `BuildInWorker`; `learner.build(kit.fn, *args)` builds it),
   `run_watched` judges a kernel call from what the worker observed (`CallRecord`), `require_*` are the judge's
   other verdicts
 - inputs: `tensors`, `scaled`, `tokens`, `gpt_batches` (specs both sides build alike), `build_inputs`,
@@ -37,7 +37,7 @@ from infracourse.grading.inputs import build as build_inputs
 from infracourse.grading.inputs import dtype_name, gpt_batches, scaled, tensors, tokens
 from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
 from infracourse.grading.plugin import blocked
-from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.protocol import BuildInWorker
 from infracourse.grading.provenance import require_clean_sources
 from infracourse.grading.remote import LearnerHung, LearnerRaised
 from infracourse.grading.report_check import read_figures
@@ -57,7 +57,7 @@ __all__ = [
     # words
     "LabCheckFailed", "WrongOutput", "blocked",
     # learner calls
-    "LearnerRaised", "LearnerHung", "in_worker", "WorkerObject", "CallRecord", "run_watched", "explain_nan",
+    "LearnerRaised", "LearnerHung", "in_worker", "BuildInWorker", "CallRecord", "run_watched", "explain_nan",
     "require_plain_tensor", "require_data_flow", "require_own_kernel", "require_clean_sources", "interpreter_note",
     # inputs
     "tensors", "scaled", "tokens", "gpt_batches", "build_inputs", "fenced", "dtype_name",

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import pytest
 
-from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.protocol import BuildInWorker
 from infracourse.grading.provenance import native_code_allowed
-from infracourse.grading.remote import Worker
+from infracourse.grading.remote import WorkerClient
 from infracourse.grading.results import Figure, FigureError, figures_of
 from infracourse.failures import LabCheckFailed
 from infracourse.hardware import calibrate, detect
@@ -34,7 +34,7 @@ CHECK_KEY = pytest.StashKey[str]()  # the check id of a grader test, set at coll
 WORKER_BUILDERS = ("infracourse.kit.", "infracourse.grading.inputs")
 
 
-def in_worker(target: Callable[..., Any], *args: Any, **kwargs: Any) -> WorkerObject:
+def in_worker(target: Callable[..., Any], *args: Any, **kwargs: Any) -> BuildInWorker:
     """A course object to build inside the worker, `target(*args, **kwargs)` there: `target` is a function or class
     of infracourse.kit (or a grading input generator), named by the object itself, never by a string. Learner
     objects among the arguments go as themselves; specs among them are built first. Pass the result to
@@ -42,7 +42,7 @@ def in_worker(target: Callable[..., Any], *args: Any, **kwargs: Any) -> WorkerOb
     module, name = getattr(target, "__module__", None) or "", getattr(target, "__qualname__", "")
     if not module.startswith(WORKER_BUILDERS) or not name or "<" in name:
         raise TypeError(f"in_worker builds course objects of infracourse.kit (or grading inputs), not {target!r}")
-    return WorkerObject(f"{module}:{name}", tuple(args), dict(kwargs))
+    return BuildInWorker(f"{module}:{name}", tuple(args), dict(kwargs))
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,7 +60,7 @@ class Learner:
         """The sandboxed process that runs the learner's code, started on first use."""
         if self.session.worker is None:
             session = self.session
-            worker = Worker(self.root, gpu=current_hardware().gpu_count > 0)
+            worker = WorkerClient(self.root, gpu=current_hardware().gpu_count > 0)
             worker.hung = session.hung
             worker.native_code = native_code_allowed(session.lab.files)
             worker.on_call = lambda name, inputs="", elements=0: session.emit(

@@ -1,6 +1,6 @@
 """Input generators that the judge and the worker both build, so each side has the same inputs for a call.
 
-A generator is named by a `WorkerObject` ('infracourse.grading.inputs:random_tensors', ...), built in the
+A generator is named by a `BuildInWorker` ('infracourse.grading.inputs:random_tensors', ...), built in the
 worker from that name and here by `build`; calling it with a call's index gives that call's arguments,
 drawn from a generator seeded with (seed, index). Same torch, same device: the same bits on both sides.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from infracourse.grading.protocol import WorkerObject
+from infracourse.grading.protocol import BuildInWorker
 
 
 def dtype_name(dtype) -> str:
@@ -27,7 +27,7 @@ def salted(salt: int, call: int) -> int:
     return salt + call
 
 
-def build(spec: WorkerObject) -> Callable[[int], tuple]:
+def build(spec: BuildInWorker) -> Callable[[int], tuple]:
     """The judge's own copy of a generator the worker builds from the same spec."""
     module_name, _, name = spec.target.partition(":")
     if not module_name.startswith("infracourse."):
@@ -35,7 +35,7 @@ def build(spec: WorkerObject) -> Callable[[int], tuple]:
     return getattr(importlib.import_module(module_name), name)(*spec.args, **spec.kwargs)
 
 
-class random_tensors:  # noqa: N801  (named like the factory it is, for WorkerObject targets)
+class random_tensors:  # noqa: N801  (named like the factory it is, for BuildInWorker targets)
     """args(i) = tensors of the given shapes, `kind` 'randn' (normal) or 'rand' (uniform [0, 1)).
 
     shapes: [[dims...], ...]; dtype: a torch dtype name; device: 'cuda' or 'cpu'."""
@@ -65,9 +65,9 @@ class random_tensors:  # noqa: N801  (named like the factory it is, for WorkerOb
 
 
 def tensors(shapes: list, *, dtype: str = "float32", device: str = "cuda", seed: int = 0,
-            kind: str = "randn") -> WorkerObject:
+            kind: str = "randn") -> BuildInWorker:
     """The spec graders pass to perf.timed: `make_args=tensors([[N], [N]], seed=seed)`."""
-    return WorkerObject("infracourse.grading.inputs:random_tensors", (shapes,),
+    return BuildInWorker("infracourse.grading.inputs:random_tensors", (shapes,),
                         {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
 
 
@@ -88,12 +88,12 @@ class scaled_tensors(random_tensors):  # noqa: N801
 
 
 def scaled(shapes: list, *, scales: list | None = None, shifts: list | None = None, extra: list = (),
-           dtype: str = "float32", device: str = "cuda", seed: int = 0, kind: str = "randn") -> WorkerObject:
+           dtype: str = "float32", device: str = "cuda", seed: int = 0, kind: str = "randn") -> BuildInWorker:
     """The spec of `scaled_tensors`: e.g. a norm's (x, weight = 1 + 0.5 randn, eps) is
     `scaled([[R, C], [C]], scales=[1, 0.5], shifts=[0, 1], extra=[1e-6])`."""
     scales = list(scales or [1.0] * len(shapes))
     shifts = list(shifts or [0.0] * len(shapes))
-    return WorkerObject("infracourse.grading.inputs:scaled_tensors", (shapes, scales, shifts, list(extra)),
+    return BuildInWorker("infracourse.grading.inputs:scaled_tensors", (shapes, scales, shifts, list(extra)),
                         {"dtype": dtype, "device": device, "seed": seed, "kind": kind})
 
 
@@ -132,7 +132,7 @@ class token_batches(gpt_batches):  # noqa: N801
         return super().__call__(index)[0][0]
 
 
-def tokens(cfg: dict, batch: int, *, device: str = "cuda", seed: int = 0) -> WorkerObject:
+def tokens(cfg: dict, batch: int, *, device: str = "cuda", seed: int = 0) -> BuildInWorker:
     """The spec of `token_batches` (cfg: a kit.gpt.GPTConfig's fields, as a dict)."""
-    return WorkerObject("infracourse.grading.inputs:token_batches", (dict(cfg), batch),
+    return BuildInWorker("infracourse.grading.inputs:token_batches", (dict(cfg), batch),
                         {"seed": seed, "device": device})

@@ -26,7 +26,7 @@ from infracourse import bench
 from infracourse.bench import HOLD_FACTOR, HOLD_S, MAX_HOLD_S, MAX_HOST_S, clocked_batch  # noqa: F401 (one rule)
 from infracourse.failures import LabCheckFailed
 from infracourse.grading.inputs import SALTS, build, salted
-from infracourse.grading.protocol import Op, WorkerObject
+from infracourse.grading.protocol import Op, BuildInWorker
 from infracourse.grading.provenance import require_clean_sources
 from infracourse.grading.remote import RemoteObject
 from infracourse.grading.verdicts import require_own_kernel, require_possible
@@ -66,7 +66,7 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
           require_kernel: bool = False, calls: int = BATCH_CALLS) -> bench.Timing:
     """Time fn on fresh inputs, verifying outputs of timed calls; fail when the timing cannot be trusted.
 
-    `fn` is a learner function (a grading.remote.RemoteObject); `make_args` is a `WorkerObject` naming a course
+    `fn` is a learner function (a grading.remote.RemoteObject); `make_args` is a `BuildInWorker` naming a course
     input generator `gen(index) -> args` (grading.inputs): the worker and the judge build the same inputs
     from it, so the judge checks the worker's outputs against its own copy of each call's inputs.
     `require_kernel` (a learner's kernel timed directly) also fails timed calls that launched no Triton kernel
@@ -194,7 +194,7 @@ def reference_time(fn: Callable[..., Any], make_args) -> bench.Timing:
     `make_args` is a callable () -> args, or the input-generator spec the learner's timing used: the
     reference then runs on fresh inputs of the same kind, drawn here (indices the timed batch never uses)."""
 
-    if isinstance(make_args, WorkerObject):
+    if isinstance(make_args, BuildInWorker):
         generate, indices = build(make_args), itertools.count(10**6)
         make_args = lambda: generate(next(indices))  # noqa: E731
     require_genuine_timing()

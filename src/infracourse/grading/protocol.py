@@ -167,9 +167,6 @@ class BuildInWorker:
     kwargs: dict = field(default_factory=dict)
 
 
-WorkerObject = BuildInWorker  # its former name, which graders still import
-
-
 @dataclass
 class Encoder:
     """Turns a value into a JSON tree plus blobs. Storages are sent once per message, so views keep sharing."""

@@ -27,12 +27,11 @@ from typing import Any, Callable
 from infracourse import launch
 from infracourse.grading import protocol
 from infracourse.grading.protocol import (COMPILE_CACHE_ENV, BuildInWorker, Decoder, Encoder, Foreign, Handle, Op,
-                                         ProtocolError, WorkerObject)
+                                         ProtocolError)
 from infracourse.grading.provenance import require_clean_sources
 from infracourse.launch import output
 
-__all__ = ["BuildInWorker", "Foreign", "LearnerRaised", "RemoteObject", "Worker", "WorkerClient", "WorkerFailed",
-           "WorkerObject"]
+__all__ = ["BuildInWorker", "Foreign", "LearnerRaised", "RemoteObject", "WorkerClient", "WorkerFailed"]
 
 class WorkerFailed(Exception):
     """The worker died, hung up, or broke the protocol: the check that was running is an `error`."""
@@ -365,9 +364,6 @@ def origin_of(obj: "RemoteObject") -> tuple[Path, bool, str | None]:
         parts.append(attribute)
     path = None if node._origin is None else ".".join([node._origin[1], *reversed(parts)])
     return Path(worker.learner_dir), worker.native_code, path
-
-
-Worker = WorkerClient  # its former name, which the fixtures and tests still use
 
 
 STALE = ("this object of your code lived in a worker process that has since stopped (an earlier check crashed "

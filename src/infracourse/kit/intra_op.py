@@ -2,7 +2,7 @@
 
 Graders that compare a learner's CPU timing with their own run both with one intra-op thread (see
 infracourse.kit.threads for why a tiny op needs that on a shared machine); the worker is another process,
-so the judge builds `WorkerObject("infracourse.kit.intra_op:set_intra_op_threads", (1,))` there once.
+so the judge builds `BuildInWorker("infracourse.kit.intra_op:set_intra_op_threads", (1,))` there once.
 """
 from __future__ import annotations
 

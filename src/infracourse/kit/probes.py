@@ -1,7 +1,7 @@
 """Course code the grading worker runs around a learner's code, for checks that cannot watch from the judge.
 
 The judge never runs learner code (grading/protocol.py), so what must happen next to it runs in the worker:
-graders build these with `learner.worker.build(WorkerObject("infracourse.kit.probes:Name", args))`, passing
+graders build these with `learner.worker.build(BuildInWorker("infracourse.kit.probes:Name", args))`, passing
 the learner's functions (RemoteObjects) as arguments. Everything a probe returns is evidence for the judge
 to check against its own reference: learner code shares the worker's process and could change any of it.
 """

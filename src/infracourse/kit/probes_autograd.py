@@ -1,7 +1,7 @@
 """Course code the judge runs inside the grading worker, next to a learner's autograd objects.
 
 The judge never holds the learner's modules or graphs, only proxies (grading.remote); these probes are built
-in the worker with `Worker.build(WorkerObject("infracourse.kit.probes_autograd:...", (handle, ...)))` and
+in the worker with `WorkerClient.build(BuildInWorker("infracourse.kit.probes_autograd:...", (handle, ...)))` and
 report plain facts back. What they report is evidence from a process learner code ran in: the judge still
 checks values and gradients against its own computation.
 """

@@ -1,7 +1,7 @@
 """A learner's week-6 train_step driven inside the grading worker, on a model and optimiser built there.
 
 train_step(model, optimizer, inputs, targets, metrics) works on live objects, which cannot cross to the judge,
-so the judge builds a `TrainSteps` in the worker (`Worker.build(WorkerObject(...))`) from the kit's config and
+so the judge builds a `TrainSteps` in the worker (`WorkerClient.build(BuildInWorker(...))`) from the kit's config and
 its own model's weights, feeds it batches, and reads back plain results: the weights after the steps, the
 metrics, and what torch.profiler saw in one step. Everything it reports is evidence from a process learner
 code ran in: the judge compares weights and metrics with the provided step it runs itself.

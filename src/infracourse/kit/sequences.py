@@ -57,7 +57,7 @@ class TokenModel(nn.Module):
 
 def token_model(*, vocab_size: int, d_model: int, n_layer: int, seed: int, device: str = "cpu") -> TokenModel:
     """TokenModel(GPTConfig(...), seed=seed) on `device`: plain arguments, so a grader can build the same model
-    inside the grading worker (WorkerObject) as the one it keeps for its references."""
+    inside the grading worker (BuildInWorker) as the one it keeps for its references."""
     cfg = GPTConfig(vocab_size=vocab_size, d_model=d_model, n_layer=n_layer)
     return TokenModel(cfg, seed=seed).to(device)
 
