@@ -6,7 +6,7 @@ learner's norm runs only in the grading worker: its forward + backward through k
 its training step through kit.probes.GPTTrainer. On a GPU both sides are timed by perf.timed / reference_time
 (CUDA events, the judge's device-wide clock, outputs of timed calls checked here). On a CPU shared with other
 work a wall clock mostly measures the other work, and the worker's process may get less of the cores than the
-judge's: there each side is timed by the CPU seconds it spent, the judge's by time.process_time and the
+judge's: there each side is timed by the CPU seconds it spent, the judge's by time.thread_time and the
 worker's by the kernel's per-thread accounting that the judge reads (WorkerLoop.clock, which learner code cannot
 write), around kit.hotspot.Repeat of many calls; the last output is checked here. Both measurements are made
 once per grade and shared by the checks."""
@@ -19,8 +19,8 @@ from infracourse.grader import (CallRecord, LabCheckFailed, build_inputs, dtype_
                                 tokens)
 from infracourse.kit import gpt, hotspot, probes
 from infracourse.kit.probes import GPTTrainer
-from track_nvidia_judging import (Baseline, Effect, judge_seconds, norm_spec, on_cpu, operator_race, seconds,
-                                  trainer_options, unfused_forward_backward, worker_seconds)
+from track_nvidia_judging import (Baseline, Effect, calls_per_round, judge_seconds, norm_spec, on_cpu, operator_race, seconds,
+                                  trainer_options, unfused_forward_backward, worker_race)
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +76,8 @@ def effect(norm, learner, size, device, baseline):
 
     if on_cpu(device):
         trainer = in_worker(GPTTrainer, *yours_args, **trainer_options(size, device))
-        step_s = worker_seconds(learner, trainer, (idx, targets), check, baseline.step_s)
-        baseline_s = min(baseline.step_s, judge_seconds(reference, (idx, targets), device))
+        control = hotspot.Repeat(reference, calls_per_round(baseline.step_s))
+        step_s, baseline_s = worker_race(learner, trainer, (idx, targets), check, control)
     else:  # each side in two windows, the faster kept: a burst of other work in one window does not decide
         step_s = min(seconds(timed(yours, batches, check=check, label="a training step of the course GPT with "
                                    "your norm", calls=16)) for _ in range(2))
