@@ -58,3 +58,48 @@ def test_every_function_local_import_says_why():
     files = {str(i.path.relative_to(importgraph.SRC.parent)) for i in local}
     stale = sorted(set(PENDING_FILES) - files)
     assert not stale, f"{stale} have no unexplained local import left: delete them from PENDING_FILES"
+
+
+def _private_crossings(source: str, importer: str) -> list[str]:
+    """`module._name` and `from module import _name` where module is another of the package's modules: a private
+    name used across a module line (one leading underscore; dunders are Python's)."""
+    import ast
+
+    known = importgraph.modules()
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}  # local name -> the package module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known and alias.asname:  # `import a.b` binds `a`, whose attributes are modules
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("infracourse"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in known:
+                    aliases[alias.asname or alias.name] = full
+                elif alias.name.startswith("_") and not alias.name.startswith("__") and node.module != importer:
+                    found.append(f"from {node.module} import {alias.name} (line {node.lineno})")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")
+                and aliases[node.value.id] != importer):
+            found.append(f"{aliases[node.value.id]}.{node.attr} (line {node.lineno})")
+    return found
+
+
+def test_the_private_name_reader_finds_both_forms():
+    source = ("from infracourse import bench\nimport infracourse.kit.loadgen as lg\n"
+              "from infracourse.kit.loadgen import _stream\nbench._hold(1)\nlg._x\nbench.__name__\n")
+    assert sorted(_private_crossings(source, "infracourse.grading.worker")) == [
+        "from infracourse.kit.loadgen import _stream (line 3)", "infracourse.bench._hold (line 4)",
+        "infracourse.kit.loadgen._x (line 5)"]
+
+
+def test_no_private_name_crosses_a_module_line():
+    """What another module uses is that module's public name: a private one crossing a line is an interface
+    nobody declared (issue 28 counted 15; bench's timing helpers and loadgen's body readers were the last)."""
+    crossings = {name: found for name, path in importgraph.modules().items()
+                 if (found := _private_crossings(path.read_text(), name))}
+    assert not crossings, crossings

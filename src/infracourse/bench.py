@@ -173,7 +173,7 @@ def measure(
             if on_gpu:
                 if flush is not None:
                     flush.zero_()
-                _hold_device(2 * host_s + 20e-6)  # the launch is queued before the start event fires
+                hold_device(2 * host_s + 20e-6)  # the launch is queued before the start event fires
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 out = fn(*args)
@@ -187,14 +187,14 @@ def measure(
             samples.append(elapsed)
             spent += elapsed
             if checked:
-                _verify(check, out, args, snapshot)
+                verify_call(check, out, args, snapshot)
             del out
     if check is not None:
         args = make_args()
         snapshot = _snapshot(args)
-        _verify(check, fn(*args), args, snapshot)  # one more, outside the statistics
+        verify_call(check, fn(*args), args, snapshot)  # one more, outside the statistics
 
-    wall, calls = _wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu and wall_clock else (None, None)
+    wall, calls = wall_per_call(fn, make_args, check, draw, host_s=host_s) if on_gpu and wall_clock else (None, None)
     return Timing(median_s=statistics.median(samples), p10_s=percentile(samples, 10),
                   p90_s=percentile(samples, 90), samples_s=samples, wall_per_call_s=wall, device=device,
                   wall_calls=calls)
@@ -204,13 +204,13 @@ def _snapshot(args: tuple) -> list:
     return snapshot_inputs(args)
 
 
-def _verify(check: Callable[[Any, tuple], None], out: Any, args: tuple, snapshot: list) -> None:
+def verify_call(check: Callable[[Any, tuple], None], out: Any, args: tuple, snapshot: list) -> None:
     """The call must have left its arguments unchanged; `check` then judges the output on the private copy."""
     require_inputs_unchanged(args, snapshot, "the timed function")
     check(out, tuple(arg if copy is None else copy for arg, copy in zip(args, snapshot)))
 
 
-def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
+def wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
                    check: Callable[[Any, tuple], None] | None = None, draw: random.Random | None = None,
                    calls: int = 8, host_s: float = 0.0) -> tuple[float, int]:
     """Host clock around a batch of calls, bracketed by device-wide synchronisation, per call, and the calls
@@ -235,7 +235,7 @@ def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
         with gc_paused():
             fixed = batch_overhead(hold)
             t0 = time.perf_counter()
-            held = _hold_device(hold)  # the whole batch is queued while the device waits
+            held = hold_device(hold)  # the whole batch is queued while the device waits
             for i, args in enumerate(batch):
                 out = fn(*args)
                 if i == pick:
@@ -247,7 +247,7 @@ def _wall_per_call(fn: Callable[..., Any], make_args: Callable[[], tuple],
             wall = max(time.perf_counter() - t0 - held_s - fixed, 0.0) / calls
         hold = rehold(hold, enqueued, held_s)
     if check is not None:
-        _verify(check, kept, batch[pick], snapshot)
+        verify_call(check, kept, batch[pick], snapshot)
     return wall, calls
 
 
@@ -266,12 +266,12 @@ def _empty_batch(hold_s: float) -> float:
     import torch
 
     t0 = time.perf_counter()
-    held = _hold_device(hold_s)
+    held = hold_device(hold_s)
     torch.cuda.synchronize()
     return max(time.perf_counter() - t0 - held.seconds(), 0.0)
 
 
-class _Hold:
+class DeviceHold:
     def __init__(self, start=None, end=None, cycles: int = 0):
         self.start, self.end, self.cycles = start, end, cycles
 
@@ -280,7 +280,7 @@ class _Hold:
 
 
 _cycles_per_s: float | None = None
-_last_hold: _Hold | None = None
+_last_hold: DeviceHold | None = None
 SPIN_CALIBRATION = (1_000_000, 10_000_000)  # spin cycles of the two calibration runs (~0.5 and ~5 ms)
 
 
@@ -303,7 +303,7 @@ def _spin_rate(sleep) -> float:
     return (SPIN_CALIBRATION[1] - SPIN_CALIBRATION[0]) / max(spans[1] - spans[0], 1e-6)
 
 
-def _hold_device(seconds: float) -> _Hold:
+def hold_device(seconds: float) -> DeviceHold:
     """Keep the current stream busy for about `seconds` (torch.cuda._sleep), so that calls enqueued meanwhile
     start back to back: the time measured is the device's, not the host's launch overhead. The hold itself is
     bracketed by events so a host-clock measurement can subtract it exactly. The spin's rate follows the
@@ -313,7 +313,7 @@ def _hold_device(seconds: float) -> _Hold:
     global _cycles_per_s, _last_hold
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None or seconds <= 0:
-        return _Hold()
+        return DeviceHold()
     if _cycles_per_s is None:
         _cycles_per_s = _spin_rate(sleep)
     last = _last_hold
@@ -326,7 +326,7 @@ def _hold_device(seconds: float) -> _Hold:
     start.record()
     sleep(cycles)
     end.record()
-    _last_hold = _Hold(start, end, cycles)
+    _last_hold = DeviceHold(start, end, cycles)
     return _last_hold
 
 

@@ -37,7 +37,7 @@ def _timing_primitives() -> dict[str, Any]:
     event = torch.cuda.Event
     return {
         "time.perf_counter": time.perf_counter, "statistics.median": statistics.median,
-        "bench.measure": bench.measure, "bench._wall_per_call": bench._wall_per_call, "bench._verify": bench._verify,
+        "bench.measure": bench.measure, "bench.wall_per_call": bench.wall_per_call, "bench.verify_call": bench.verify_call,
         "bench.batch_overhead": bench.batch_overhead,
         "bench.Timing.seconds": bench.Timing.__dict__["seconds"],
         "bench.Timing.escaped": bench.Timing.__dict__["escaped"],

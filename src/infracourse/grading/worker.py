@@ -273,7 +273,7 @@ class WorkerLoop:
             self.batch.pop(stale, None)
         outputs, launches = [], []
         with bench.gc_paused():
-            held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
+            held = bench.hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench.DeviceHold()
             t0 = time.perf_counter()
             batch = [make_args(salted(salt, i)) for i in range(calls)]
             for args in batch:
@@ -294,7 +294,7 @@ class WorkerLoop:
 
         on_gpu = torch.cuda.is_available()
         with bench.gc_paused():
-            held = bench._hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench._Hold()
+            held = bench.hold_device(float(header.get("hold_s", 0.0))) if on_gpu else bench.DeviceHold()
             if on_gpu:
                 torch.cuda.synchronize()
         return Reply({"hold_s": held.seconds()})

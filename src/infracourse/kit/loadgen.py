@@ -203,7 +203,7 @@ async def _open(base_url: str, uds: str | None):
     return await asyncio.open_connection(u.hostname or "localhost", u.port or 80)
 
 
-async def _body_pieces(reader, headers: dict):
+async def body_pieces(reader, headers: dict):
     """The response body as it arrives: chunked transfer encoding, Content-Length, or until the server closes."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
         while True:
@@ -219,9 +219,9 @@ async def _body_pieces(reader, headers: dict):
             yield piece
 
 
-async def _stream_lines(reader, headers: dict):
+async def stream_lines(reader, headers: dict):
     buf = b""
-    async for piece in _body_pieces(reader, headers):
+    async for piece in body_pieces(reader, headers):
         buf += piece
         *lines, buf = buf.split(b"\n")
         for line in lines:
@@ -254,11 +254,11 @@ async def send_completion(spec: RequestSpec, *, base_url: str = "http://localhos
             k, _, v = line.decode("latin-1").partition(":")
             headers[k.strip().lower()] = v.strip()
         if len(status) < 2 or status[1] != "200":
-            body = b"".join([p async for p in _body_pieces(reader, headers)]) if status else b""
+            body = b"".join([p async for p in body_pieces(reader, headers)]) if status else b""
             rec.error = f"HTTP {' '.join(status[1:]) or '(no status line)'}: {body[:300]!r}"
             return rec
         done = False
-        async for line in _stream_lines(reader, headers):
+        async for line in stream_lines(reader, headers):
             line = line.strip()
             if not line.startswith("data:"):
                 continue

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from infracourse.kit.loadgen import _body_pieces, _stream_lines, request_matrix
+from infracourse.kit.loadgen import body_pieces, stream_lines, request_matrix
 
 VERSION_ENV, PLATFORM_ENV = "INFRACOURSE_VERSION", "INFRACOURSE_PLATFORM"
 DROP_MARK = 127  # the drop fault only touches prompts that start with this token
@@ -159,12 +159,12 @@ async def completion_events(uds: str, body: dict, *, connect_timeout_s: float = 
             if status == 0:
                 raise BackendLost("no status line")
             try:
-                rest = b"".join([p async for p in _body_pieces(reader, headers)])
+                rest = b"".join([p async for p in body_pieces(reader, headers)])
             except (OSError, asyncio.IncompleteReadError, ValueError):
                 rest = b""
             raise BackendError(status, rest)
         try:
-            async for line in _stream_lines(reader, headers):
+            async for line in stream_lines(reader, headers):
                 line = line.strip()
                 if not line.startswith("data:"):
                     continue
@@ -188,7 +188,7 @@ async def probe(uds: str, path: str = "/health", timeout_s: float = 1.0) -> tupl
         writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
         await writer.drain()
         status, headers = await asyncio.wait_for(_read_head(reader), timeout_s)
-        raw = b"".join([p async for p in _body_pieces(reader, headers)])
+        raw = b"".join([p async for p in body_pieces(reader, headers)])
         try:
             return status, json.loads(raw)
         except ValueError:
