@@ -29,7 +29,7 @@ from pathlib import Path
 from infracourse import __version__
 from infracourse.cohort.bundle import graders_digest, learner_files, write_bundle
 from infracourse.cohort.gradebook import Gradebook
-from infracourse.cohort.regrade import compare
+from infracourse.cohort.outcome import compare
 from infracourse.course import Course
 from infracourse.grading.report import stamp_environment
 from infracourse.grading.results import GradeResult

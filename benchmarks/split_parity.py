@@ -17,7 +17,7 @@ from infracourse import bench
 from infracourse.compare import assert_close
 from infracourse.grading import perf
 from infracourse.grading.inputs import build, tensors
-from infracourse.grading.remote import Worker
+from infracourse.grading.remote import WorkerClient
 
 
 def main(folder: str, module: str, function: str, n: int = 2**26 + 3, rounds: int = 5) -> None:
@@ -29,7 +29,7 @@ def main(folder: str, module: str, function: str, n: int = 2**26 + 3, rounds: in
 
     sys.path.insert(0, str(Path(folder).resolve()))
     local = getattr(importlib.import_module(module), function)
-    worker = Worker(Path(folder), gpu=True)
+    worker = WorkerClient(Path(folder), gpu=True)
     remote = getattr(worker.module(module), function)
     counter = iter(range(10**9))
     before, after = [], []
