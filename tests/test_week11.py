@@ -134,6 +134,9 @@ VARIANTS = {
     "partial sums sent as bf16": ("reduce-scatter", COLLECTIVES, replace_once(
         "        acc[offsets[recv_block]:offsets[recv_block + 1]] += incoming\n",
         "        acc[offsets[recv_block]:offsets[recv_block + 1]] += incoming.bfloat16().to(incoming.dtype)\n")),
+    # issue 29 class 2: the running sums accumulate in the caller's tensor: the right blocks, the input corrupted
+    "reduce-scatter accumulates into its input": ("reduce-scatter", COLLECTIVES, replace_once(
+        "    acc = x.detach().clone()\n", "    acc = x.detach()  # no copy: the sums build up in x itself\n")),
     # busbw invented: the all-reduce factor taken as 2 instead of 2(N-1)/N
     "busbw with the wrong factor": ("report", REPORT, invented("busbw_gbps", 2.0)),
     # a sweep.csv whose times were made up (10x faster than this code runs here)

@@ -60,6 +60,20 @@ VARIANTS = {
     # a communication share not measured: the course's hook times the all-reduce at 0.4-0.6 of the step
     "invented communication share in the report": ("report", {"report.md": replace_once(
         "comm_share: 0.58 ", "comm_share: 0.05 ")}),
+    # class 4 of issue 29, figures off by 2-3x that a 5x comparison with a re-measurement lets through: each
+    # breaks a relation between the block's own figures, which holds at any load
+    "MFU from the forward FLOPs only (3x low)": ("figures-follow", {"report.md": replace_once(
+        "mfu: 0.219 ", "mfu: 0.073 ")}),
+    "one rank's samples/s reported as the world's": ("figures-follow", {"report.md": replace_once(
+        "samples_per_s: 97779 ", "samples_per_s: 48890 ")}),
+    "strong efficiency T1/T2 instead of T1/(2 x T2)": ("figures-follow", {"report.md": replace_once(
+        "strong_efficiency: 0.501 ", "strong_efficiency: 1.002 ")}),
+    "weak efficiency that does not follow from its timings": ("figures-follow", {"report.md": replace_once(
+        "weak_efficiency: 0.506 ", "weak_efficiency: 0.61  ")}),
+    # train() returns one rank's throughput: half the global figure in world 2, whatever the load
+    "train() returns per-rank samples/s": ("scaling-measured", {"train_ddp.py": replace_once(
+        '"samples_per_s": global_batch / median(step_s)', '"samples_per_s": per_rank_batch * accumulation / '
+        'median(step_s)')}),
 }
 
 

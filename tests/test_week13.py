@@ -69,6 +69,10 @@ VARIANTS = {
     "checkpointing that saves everything anyway": ("checkpoint-saves-less", {"checkpointing.py": replace_once(
         "        x = checkpoint(block, x, use_reentrant=False)\n",
         "        block(x)\n        x = checkpoint(block, x, use_reentrant=False)\n")}),
+    # issue 29 class 3: one FSDP unit, the root; each rank still holds 1/N between steps and trains right, but
+    # the whole model is gathered at once for forward and backward
+    "FSDP wraps only the root": ("fsdp-matches-ddp", {"fsdp.py": replace_once(
+        "            fully_shard(layer)\n", "            pass\n")}),
     "an invented per-rank memory figure": ("report", {"report.md": invented("zero1_state_bytes_per_rank_world2", 0.5)}),
     # "communication is cheap": the course times 0.7-0.95 of a ZeRO-1 step inside its collectives on gloo
     "an invented communication share": ("report", {"report.md": replace_once(

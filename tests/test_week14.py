@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes
+from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week14-honest"
@@ -80,6 +80,22 @@ def test_second_set_of_mistakes_fails_each_check(grade_lab):
         assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
         assert words in checks[check].message, (check, checks[check].message)
     assert checks["tp-forward"].status == "passed", checks["tp-forward"].message  # the output is right
+
+
+# Issue 29 classes 2 and 3: a 2-stage "pipeline" that sends the whole batch at once: the same loss and gradients
+# (it is one microbatch of the whole batch), one message each way instead of one per microbatch, so no overlap
+VARIANTS = {
+    "a 2-stage pipeline without microbatches": ("pipeline-two-stage", {"pipeline.py": replace_once(
+        "    chunks = data.chunk(microbatches)\n", "    chunks, microbatches = [data], 1  # the whole batch at once\n")}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    check_id, edits = VARIANTS[name]
+    message = assert_variant_fails(grade_lab, "week14", check_id, edits).message
+    assert "one per microbatch" in message, message
 
 
 # Detection and restart lumped together: the restarted rank stamps the failure's detection when it starts, 2-3 s

@@ -96,6 +96,19 @@ class Launch:
                                          f"{self.where(index, rank)}; expected a 1-D {want} tensor like its input")
             yield index, case, [r["output"] for r in per_rank]
 
+    def require_input_kept(self, index: int) -> None:
+        """The course compares each rank's input before and after the call (kit.collectives.grade_rank): a
+        reduce-scatter or all-gather that accumulates into, or gathers through, the caller's tensor returns the
+        right result and leaves the caller's data corrupted."""
+        case = self.cases[index]
+        name = FUNCTIONS[case["op"]]
+        for rank, out in enumerate(self.run.outputs):
+            if out["cases"][index].get("input_changed"):
+                raise LabCheckFailed(
+                    f"{name} returned the right result but changed its input tensor {self.where(index, rank)}: "
+                    "the caller still owns it (a gradient, a shard of the model) and may read it again. Work on "
+                    f"a copy (x.clone()) or on new buffers; only ring_all_reduce writes its result into x")
+
     def probe(self, rank: int, index: int) -> dict:
         return (self.run.probes[rank] or {}).get(f"case {index}", {"calls": {}, "bytes": {}, "peers": {}})
 
@@ -134,6 +147,7 @@ def test_reduce_scatter(launches):
                     "Rank r must return block r of the sum; the blocks must cover the tensor contiguously, in rank "
                     "order, including the last n % world elements and empty blocks when n < world. "
                     f"{PRECISION_OR_OFFSETS}")
+            launch.require_input_kept(index)
 
 
 @pytest.mark.check("all-gather")
@@ -150,6 +164,7 @@ def test_all_gather(launches):
                         f"({expected.numel()} elements, {where}) {launch.where(index, rank)}. Gathering copies: "
                         "the result must equal the concatenation bit for bit; chunk r goes at offset "
                         "sum(sizes[:r]), and empty chunks are still blocks of the ring")
+            launch.require_input_kept(index)
 
 
 @pytest.mark.check("all-reduce")

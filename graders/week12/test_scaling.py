@@ -47,6 +47,7 @@ def _learner_agrees(world, name: str) -> None:
     if not isinstance(step_s, list) or len(step_s) != config["steps"] or not isinstance(rate, (int, float)):
         raise LabCheckFailed(f"train() must return 'step_s' (one time per optimiser step, seconds) and "
                              f"'samples_per_s' ({world.describe(name)})")
+    _rate_follows(float(rate), [float(s) for s in step_s], global_batch, world.describe(name))
     gaps = step_gaps(result)
     for what, got, want, unit in (("fastest step", min(float(s) for s in step_s), gaps[0], "s"),
                                   ("samples_per_s", float(rate), global_batch / median(gaps), "samples/s")):
@@ -56,6 +57,20 @@ def _learner_agrees(world, name: str) -> None:
                 f"{unit} ({world.describe(name)}; accepted within {AGREE:g}x). Time each optimiser step from its "
                 f"first micro-batch to after optimizer.step() (wait for the device first), and samples/s = global "
                 f"batch ({global_batch}) / median step time")
+
+
+def _rate_follows(rate: float, step_s: list[float], global_batch: int, where: str) -> None:
+    """A relation that holds at any load, on the learner's own raw records: samples_per_s x the median step =
+    the global batch (either middle step of an even count is accepted as the median, 1 % for rounding). Per-rank
+    throughput reported as the global one is 1/world of it, whatever the machine's load."""
+    ordered = sorted(step_s)
+    low, high = ordered[(len(ordered) - 1) // 2], ordered[len(ordered) // 2]
+    if not all(s > 0 for s in ordered) or not (0.99 * global_batch / high <= rate <= 1.01 * global_batch / low):
+        raise LabCheckFailed(
+            f"train() returns samples_per_s {rate:.6g}, but its own step_s give global batch / median step = "
+            f"{global_batch} / {1e3 * median(ordered):.4g} ms = {global_batch / median(ordered):.6g} samples/s "
+            f"({where}). The relation samples/s x step time = global batch holds whatever the load: count every "
+            f"rank's samples (per_rank_batch x accumulation x world = {global_batch}), not one rank's")
 
 
 @pytest.mark.check("scaling-measured")
@@ -71,6 +86,8 @@ def test_scaling(launches, record):
         _learner_agrees(world, name)
     flops = ref.flops_per_sample() * STRONG_GLOBAL
     record("step ms", t2 * 1e3, unit="ms")
+    record("world 1 strong step ms", t1_strong * 1e3, unit="ms")
+    record("world 1 weak step ms", t1_weak * 1e3, unit="ms")
     record("samples per s", STRONG_GLOBAL / t2, unit="samples/s")
     record("strong efficiency", t1_strong / (2 * t2))
     record("weak efficiency", t1_weak / t2)

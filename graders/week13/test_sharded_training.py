@@ -20,6 +20,7 @@ PARAM_TOL = 1e-4        # float32 sums in another order over 10 AdamW steps
 STATE_FACTOR = 1.6      # per-rank optimiser bytes at most 1.6 x (unsharded moments / N): an extra shard is allowed
 CHECKPOINT_FRACTION = 0.5
 LAUNCH_TIMEOUT_S = 150
+TRAINING_STATE_BYTES = 16  # per fp32 parameter: weight, gradient, exp_avg, exp_avg_sq
 
 
 def start(learner, seed, tmp_path_factory, world: int, experiments: dict, device: str = "cpu"):
@@ -140,6 +141,17 @@ def require_fsdp(launches, world: int, seed: int, where: str = "") -> int:
         if not part.get("fsdp_modules"):
             raise LabCheckFailed(f"rank {rank} of {world}{where}: shard_model returned a model with no module "
                                  "wrapped by fully_shard (torch.distributed.fsdp.fully_shard)")
+        linears, in_units = part.get("linears") or [], part.get("linears_in_units") or []
+        if not linears or len(in_units) != len(linears):
+            left = [name for name in linears if name not in in_units]
+            raise LabCheckFailed(
+                f"rank {rank} of {world}{where}: the Linear layers {left} belong to the root's FSDP unit, not one "
+                f"of their own ({len(in_units)} of {len(linears)} layers in a unit below the root, read by the "
+                f"course from the model shard_model returned; seed {seed}). Each rank still holds 1/{world} of "
+                "the parameters between steps, and the weights come out right, but a root-only wrap gathers the "
+                "whole model in one all-gather at the start of forward and keeps it until backward ends: the "
+                "peak is the unsharded model in every rank. Call fully_shard on each Linear layer first, then "
+                "on the root")
         if (why := _compare_params(part.get("params"), want, f"rank {rank} of {world}{where}")) is not None:
             raise LabCheckFailed(
                 f"{why} after {S.FSDP_STEPS} AdamW steps of the fully_shard model (seed {seed}): it must train "
@@ -151,7 +163,23 @@ def require_fsdp(launches, world: int, seed: int, where: str = "") -> int:
         raise LabCheckFailed(
             f"the ranks of world {world}{where} hold {local} parameter elements locally, of {numel}: fully_shard "
             f"should leave each about 1/{world} (seed {seed}). Wrap every Linear layer, not only the root.")
+    full = TRAINING_STATE_BYTES * numel  # fp32 weights, gradients, exp_avg and exp_avg_sq, unsharded
+    for rank, part in enumerate(ranks):
+        held = part.get("held_bytes") or {}
+        total = sum(held.values())
+        if not held or total > 1.6 * full / world + 1024:
+            raise LabCheckFailed(
+                f"rank {rank} of {world}{where} holds {total:,} B of training state after the last step "
+                f"({held}; the course's reading of the local shards of the parameters, their gradients and "
+                f"AdamW's moments), against {full:,} B unsharded: FSDP leaves each rank about 1/{world} of each "
+                f"(seed {seed}). Return the model fully_shard wrapped, and let torch.optim.AdamW build its state "
+                "from its sharded parameters")
     return max(local)
+
+
+def fsdp_state_bytes(launches, world: int, seed: int) -> int:
+    """The most bytes of parameters, gradients and optimiser state a rank of `world` holds (course reading)."""
+    return max(sum(part["held_bytes"].values()) for part in results(launches, "fsdp", world, seed))
 
 
 @pytest.mark.check("fsdp-matches-ddp")
@@ -159,6 +187,8 @@ def test_fsdp_matches_ddp(launches, seed, record):
     for world in WORLDS:
         most = require_fsdp(launches, world, seed)
         record(f"fsdp parameter bytes per rank, world {world}", 4 * most, unit="B", bytes=4 * most)
+        held = fsdp_state_bytes(launches, world, seed)
+        record(f"fsdp training-state bytes per rank, world {world}", held, unit="B", bytes=held)
 
 
 @pytest.mark.check("sharded-nccl")

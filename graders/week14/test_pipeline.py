@@ -10,6 +10,8 @@ import torch
 
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import parallel_reference as ref
+from infracourse.kit.dist_probes import collectives_called, messages_sent
+from week14_judging import MICROBATCHES
 
 
 def cases(seed: int) -> list[tuple[int, int]]:
@@ -58,11 +60,46 @@ def test_one_f_one_b(learner, seed):
         _require_schedule(pipeline, "one_f_one_b_schedule", p, m, p, seed)
 
 
+def _require_microbatch_messages(world, weights: dict, where: str) -> None:
+    """What the course's probe counted between the stages (scope "two stage"): a pipeline moves one activation
+    downstream and one gradient upstream per microbatch, each a microbatch's rows of the hidden layer. A runner
+    that sends the whole batch at once gets the same gradients, and no overlap between the stages."""
+    rows, hidden = weights["x"].shape[0], weights["w0"].shape[0]
+    nbytes = rows * hidden * weights["x"].element_size()  # the whole batch's activations (and their gradients)
+    for rank in range(2):
+        record = world.calls(rank, "two stage")
+        sent = messages_sent({"calls": record})
+        received = record.get("recv", 0) + record.get("irecv", 0) + record.get("batched received", 0)
+        collectives = collectives_called({"calls": record})
+        what = "activations to stage 1" if rank == 0 else "gradients back to stage 0"
+        if collectives:
+            raise LabCheckFailed(f"rank {rank} called {collectives} inside two_stage_step {where}: the stages "
+                                 "talk point to point (send/recv or isend/irecv), one message each way per "
+                                 "microbatch")
+        if sent != MICROBATCHES or received != MICROBATCHES:
+            raise LabCheckFailed(
+                f"rank {rank} sent {sent} and received {received} messages in two_stage_step {where}, counted by "
+                f"the course's probe; a pipeline of {MICROBATCHES} microbatches sends {MICROBATCHES} "
+                f"({what}, one per microbatch, as soon as it is computed) and receives {MICROBATCHES}. Split the "
+                f"batch with data.chunk(microbatches) and send each microbatch's tensor on its own: a stage that "
+                "sends the whole batch at once gets the same gradients, but the next stage cannot start until "
+                "the whole batch is through, so nothing overlaps")
+        moved = world.moved(rank, "two stage")
+        for direction in ("sent", "received"):
+            if moved.get(direction, 0) != nbytes:
+                raise LabCheckFailed(
+                    f"rank {rank} {direction} {moved.get(direction, 0)} B in two_stage_step {where}; the "
+                    f"microbatches' {'activations' if (rank == 0) == (direction == 'sent') else 'gradients'} "
+                    f"together are {rows} rows x {hidden} x {weights['x'].element_size()} B = {nbytes} B, each "
+                    "sent once")
+
+
 @pytest.mark.check("pipeline-two-stage")
-def test_two_stage(world):
+def test_two_stage(world, record):
     per_rank = world.results("two_stage", "two_stage_step (pipeline.py)")
-    dense = ref.two_stage_reference(ref.two_stage_weights(world.seed))
-    where = f"(batch 8 in {4} microbatches, 2 ranks, seed {world.seed})"
+    weights = ref.two_stage_weights(world.seed)
+    dense = ref.two_stage_reference(weights)
+    where = f"(batch 8 in {MICROBATCHES} microbatches, 2 ranks, seed {world.seed})"
     scaling = ("the whole batch's mean is the mean of the microbatches' means, so each microbatch's loss is "
                "divided by m before its backward")
     loss = per_rank[1]["loss"]
@@ -81,3 +118,5 @@ def test_two_stage(world):
                         if math.isfinite(ratio) and abs(ratio - 1) > 0.01 else "")
                 raise LabCheckFailed(f"stage {rank}'s {name}.grad differs from one process's gradient on the whole "
                                      f"batch {where}.{hint}")
+    _require_microbatch_messages(world, weights, where)
+    record("messages stage 0 sent per step", messages_sent({"calls": world.calls(0, "two stage")}))

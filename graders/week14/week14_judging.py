@@ -50,6 +50,11 @@ class World:
         probe = self.run.probes[rank] or {}
         return dict(probe.get(scope, {}).get("calls", {}))
 
+    def moved(self, rank: int, scope: str) -> dict[str, int]:
+        """The bytes the probe counted in one scope of one rank: per operation, and 'sent' / 'received'."""
+        probe = self.run.probes[rank] or {}
+        return dict(probe.get(scope, {}).get("bytes", {}))
+
 
 @dataclass
 class Recovery:

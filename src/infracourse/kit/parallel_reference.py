@@ -267,7 +267,8 @@ def _two_stage(learner, seed: int, microbatches: int, device: str) -> dict:
     w = weights[f"w{rank}"].to(device).clone().requires_grad_()
     b = weights[f"b{rank}"].to(device).clone().requires_grad_()
     data = (weights["x"] if rank == 0 else weights["target"]).to(device)
-    loss = learner.two_stage_step(w, b, data, microbatches)
+    with dist_probes.scope("two stage"):  # the messages between the stages: one each way per microbatch
+        loss = learner.two_stage_step(w, b, data, microbatches)
     return {"loss": None if loss is None else torch.as_tensor(loss, dtype=torch.float64).detach().cpu().clone(),
             "grad_w": _cpu(w.grad), "grad_b": _cpu(b.grad)}
 

@@ -373,6 +373,7 @@ def _fsdp(seed: int, module: str) -> dict:
     if sharded is None:
         sharded = model
     roots = [m for m in sharded.modules() if isinstance(m, FSDPModule)]
+    linears, in_units = _linears_in_units(sharded, FSDPModule)
     local = 0
     for p in sharded.parameters():
         local += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
@@ -385,10 +386,41 @@ def _fsdp(seed: int, module: str) -> dict:
         with clock:
             loss_fn(sharded, x, y).backward()
             opt.step()
+        if step == FSDP_STEPS - 1:  # what this rank holds of the training state, read here, not from the learner
+            held = {"params": _local_bytes(sharded.parameters()),
+                    "grads": _local_bytes(p.grad for p in sharded.parameters() if p.grad is not None),
+                    "optimizer": _local_bytes(t for state in opt.state.values() for t in state.values()
+                                              if isinstance(t, torch.Tensor) and t.dim() > 0)}
         opt.zero_grad(set_to_none=True)
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in sharded.parameters()]
     return {"params": torch.cat([t.detach().reshape(-1) for t in full]).cpu(), "local_numel": local, "numel": numel,
-            "fsdp_modules": len(roots), "world": world, "steps": clock.steps}
+            "fsdp_modules": len(roots), "linears": linears, "linears_in_units": in_units, "held_bytes": held,
+            "world": world, "steps": clock.steps}
+
+
+def _local_bytes(tensors) -> int:
+    """Bytes of the local shards of `tensors` (a DTensor's to_local(), a plain tensor whole)."""
+    total = 0
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _linears_in_units(root: nn.Module, fsdp_type: type) -> tuple[list[str], list[str]]:
+    """The Linear layers of `root`, and those whose parameters an FSDP unit below the root owns (the layer
+    itself or a module between it and the root wrapped by fully_shard): only those are gathered just before they
+    run and freed after; a layer owned by the root is gathered with the whole model at the start of forward."""
+    linears, in_units = [], []
+    for name, module in root.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        linears.append(name)
+        parts = name.split(".")
+        owners = [root.get_submodule(".".join(parts[:i])) for i in range(1, len(parts) + 1)]
+        if any(isinstance(m, fsdp_type) for m in owners):
+            in_units.append(name)
+    return linears, in_units
 
 
 def _checkpoint(seed: int, module: str) -> dict:
@@ -438,7 +470,13 @@ def main() -> None:
             print(f"{name}: median step {1e3 * sorted(t['s'] for t in timed)[len(timed) // 2]:.3f} ms, "
                   f"communication share {comm / total:.3f}, {timed[0]['comm_bytes']} B in "
                   f"{timed[0]['comm_calls']} collective calls per step")
-        print(f"peak memory of rank 0: {out['peak_memory_mb']:.0f} MiB")
+        if "held_bytes" in out["fsdp"]:
+            held = out["fsdp"]["held_bytes"]
+            print(f"fsdp: rank 0 holds {sum(held.values())} B of training state ({held}), "
+                  f"{len(out['fsdp']['linears_in_units'])} of {len(out['fsdp']['linears'])} Linear layers in "
+                  "their own FSDP unit")
+        print(f"peak memory of rank 0: {out['peak_memory_mb']:.0f} MiB (the process's resident size on a CPU: "
+              "the same with or without sharding at this model's size)")
     dist.destroy_process_group()
 
 
