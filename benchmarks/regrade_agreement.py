@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from infracourse import __version__
-from infracourse.cohort.bundle import graders_digest, learner_files, write_bundle
+from infracourse.cohort.bundle import executable_files, graders_digest, learner_files, write_bundle
 from infracourse.cohort.gradebook import Gradebook
 from infracourse.cohort.outcome import compare
 from infracourse.course import Course
@@ -87,7 +87,8 @@ def main() -> int:
         for k in range(args.copies):
             path = scratch / "bundles" / f"{lab.spec.week}-ref{k}.zip"
             path.parent.mkdir(exist_ok=True)
-            bundles.append(write_bundle(path, {**fields, "learner": f"reference{k}"}, files, result.as_dict()))
+            bundles.append(write_bundle(path, {**fields, "learner": f"reference{k}"}, files, result.as_dict(),
+                                        executable=executable_files(scratch / "work" / lab.spec.week, files)))
     book_path = scratch / "gradebook.db"
     book_path.unlink(missing_ok=True)
     book = Gradebook.create(book_path, course)

@@ -218,3 +218,25 @@ def test_workspace_config_that_is_not_yaml_is_named(course, graded):
     (graded.meta / "config.yaml").write_text("learner: [unclosed\n")
     with pytest.raises(BundleError, match=r"config.yaml: not valid YAML \(line 2: .*\); fix it or pass --learner"):
         submit(graded, course, "week02", hardware=GPU)
+
+
+def test_an_executable_file_stays_executable_through_bundle_and_regrade(course, graded, monkeypatch):
+    """A week whose deployment runs `./run.sh` was marked failed by the instructor's regrade of a reference
+    that passed its own grade: the bundle stored every file as 644, so run.sh lost its executable bit."""
+    from infracourse.cohort import outcome
+
+    folder = graded.root / "week02"
+    (folder / "run.sh").write_text("#!/bin/sh\necho ready\n")
+    (folder / "run.sh").chmod(0o755)
+    path = submit(graded, course, "2", learner="ada@uni.example", hardware=GPU)
+    bundle = read_bundle(path, course)
+    assert bundle.executable == {"run.sh"}
+    seen = {}
+
+    def grade(course_, lab, learner_folder, **kwargs):
+        seen.update({p.name: p.stat().st_mode & 0o777 for p in learner_folder.iterdir()})
+        return bundle.results
+
+    monkeypatch.setattr(outcome, "grade", grade)
+    outcome.grade_submission(course, 1, "week02", path.read_bytes, hardware=GPU)
+    assert seen["run.sh"] == 0o755 and seen["answer.py"] & 0o111 == 0, seen

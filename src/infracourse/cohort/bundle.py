@@ -30,7 +30,7 @@ import zipfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Collection, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -130,6 +130,7 @@ class Bundle:
     data: bytes  # the zip exactly as received
     bundle_id: str  # sha256 of the canonical manifest: the same submission imported twice has the same id
     drills: dict | None = None  # the learner's drill record (drills.json); None in bundles without one
+    executable: frozenset[str] = frozenset()  # files the learner's folder had executable (e.g. run.sh)
 
 
 # ---------------------------------------------------------------- writing
@@ -192,13 +193,17 @@ def submit(workspace: Workspace, course: Course, week_ref: str | int, *, learner
         path = out / f"{stem}-{n}.zip"
     drills = workspace.progress.drill_history()  # none answered yet: no drills.json, as before it existed
     return write_bundle(path, fields, files, result.as_dict(), key=secret and secret[1],
-                        drills=drill_record.summary(drills) if drills else None)
+                        drills=drill_record.summary(drills) if drills else None,
+                        executable=executable_files(folder, files))
 
 
 def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dict, *, key: bytes | None = None,
-                 drills: dict | None = None) -> Path:
+                 drills: dict | None = None, executable: Collection[str] = ()) -> Path:
     """Write a bundle atomically from manifest fields (all but `files`), learner files and results (and the
-    drill record, when given), signed with `key` (the learner's secret) when given."""
+    drill record, when given), signed with `key` (the learner's secret) when given. The learner files named in
+    `executable` are stored with mode 755, the rest 644: a week whose deployment runs `./run.sh` is regraded
+    as the learner graded it (the mode is the zip's, outside the signed manifest: changing it can only make a
+    regrade differ from the self-reported result, which the instructor then sees)."""
     members = {FILES + name: data for name, data in sorted(files.items())}
     members[RESULTS] = json.dumps(results, indent=1, sort_keys=True).encode()
     if drills is not None:
@@ -212,10 +217,16 @@ def write_bundle(path: Path, fields: dict, files: dict[str, bytes], results: dic
     with zipfile.ZipFile(part, "w") as zf:
         for name, data in {MANIFEST: manifest.as_json().encode(), **members}.items():
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # same content, same bytes
-            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+            mode = 0o755 if name.startswith(FILES) and name[len(FILES):] in executable else 0o644
+            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, mode << 16
             zf.writestr(info, data)
     part.replace(path)
     return path
+
+
+def executable_files(folder: Path, files: Collection[str]) -> set[str]:
+    """Those of `files` (names relative to `folder`) that someone may execute there."""
+    return {name for name in files if (folder / name).stat().st_mode & 0o111}
 
 
 def learner_files(folder: Path) -> dict[str, bytes]:
@@ -297,6 +308,8 @@ def parse_bundle(data: bytes, course: Course, *, source: str) -> Bundle:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             members = _read_members(zf, source)
+            executable = frozenset(i.filename[len(FILES):] for i in zf.infolist()
+                                   if i.filename.startswith(FILES) and (i.external_attr >> 16) & 0o111)
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
         raise BundleError(source, "not-zip", f"not a readable zip file ({exc}); {RESEND}") from None
     manifest = _manifest(members, source)
@@ -315,7 +328,7 @@ def parse_bundle(data: bytes, course: Course, *, source: str) -> Bundle:
                   files={n[len(FILES):]: b for n, b in members.items() if n.startswith(FILES)},
                   results_json=members[RESULTS].decode(), data=data,
                   bundle_id=hashlib.sha256(json.dumps(manifest.canonical(), sort_keys=True).encode()).hexdigest(),
-                  drills=_drills(members, source))
+                  drills=_drills(members, source), executable=executable)
 
 
 def lab_of(course: Course, week: str, track: str | None) -> LabDir:

@@ -80,6 +80,8 @@ def grade_submission(course: Course, submission_id: int, week: str, data: Callab
             for name, content in bundle.files.items():
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 (folder / name).write_bytes(content)
+                if name in bundle.executable:  # as in the learner's folder: a run.sh their deployment runs
+                    (folder / name).chmod(0o755)
             verified = grade(course, lab, folder, hardware=hardware, timeout_scale=timeout_scale)
             # flagged for the instructor whatever the checks say: such code may have rewritten the worker's records
             native = native_code_allowed(lab.spec.files)
