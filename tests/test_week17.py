@@ -60,6 +60,17 @@ STARVE = replace_once(
             self.running.append(seq)
             scheduled.append(seq)""")
 
+
+def deadline_from_first_token(server: str) -> str:
+    """The deadline's clock started at the first token (admission) instead of the request's arrival."""
+    server = replace_once("            finished, n = False, 0", "            finished, n, first = False, 0, []")(server)
+    return replace_once(
+        "                token, finished = await asyncio.wait_for(tokens.get(), expires_at - time.monotonic())",
+        "                token, finished = await (asyncio.wait_for(tokens.get(), first[0] + timeout - time.monotonic())\n"
+        "                                         if first else tokens.get())\n"
+        "                first = first or [time.monotonic()]")(server)
+
+
 VARIANTS = {
     # shortest prompt first, skipping what does not fit: long prompts wait while short ones keep coming
     "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}),
@@ -91,6 +102,20 @@ VARIANTS = {
     # the deadline is computed but never enforced: the request runs to its last token
     "deadline not enforced": ("request-timeout", {"server.py": replace_once(
         "await asyncio.wait_for(tokens.get(), expires_at - time.monotonic())", "await tokens.get()")}),
+    # admission looks at the blocks only: a step prefills every prompt that fits the pool, however many tokens
+    "scheduler that ignores the token budget": ("token-budget", {"engine.py": replace_once(
+        "if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.tokens)):",
+        "if not self.blocks.grow(seq, len(seq.tokens)):")}),
+    # blocks for prompt + max_tokens reserved at admission: no sequence ever needs a block it cannot get, so none
+    # is preempted, and fewer run than the pool allows
+    "scheduler that never preempts (reserves max_tokens)": ("preemption", {"engine.py": replace_once(
+        "if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.tokens)):",
+        "if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.prompt) + seq.max_tokens):")}),
+    # a preempted sequence queued behind everything that arrived after it
+    "preempted request re-queued at the back": ("preemption", {"engine.py": replace_once(
+        "self.waiting.appendleft(victim)", "self.waiting.append(victim)")}),
+    # the deadline counted from the first token: a request that waits in the queue is never timed out there
+    "deadline counted from admission": ("request-timeout", {"server.py": deadline_from_first_token}),
     "invented server memory in the report": ("report", {"report.md": invented("server_peak_rss_mb", 10.0)}),
 }
 
