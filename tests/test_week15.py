@@ -26,16 +26,25 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert "from the configuration" in checks["kv-bytes-formula"].message
 
 
+# each decode step runs the whole sequence again into a fresh cache: right tokens, no saving
+RERUN = replace_once(
+    "logits = forward(model, torch.tensor([[token]], device=device), cache)  # decode",
+    "ids = torch.cat([ids, torch.tensor([[token]], device=device)], 1)\n"
+    "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device)\n"
+    "            logits = forward(model, ids, cache)")
+
 VARIANTS = {
     # decode embeds every new token at position 0
     "cache that forgets the position offset": ("cached-tokens", {"kv_cache.py": replace_once(
         "x = model.embed(ids, cache.length)", "x = model.embed(ids, 0 if ids.shape[1] == 1 else cache.length)")}),
-    # each decode step runs the whole sequence again into a fresh cache: right tokens, no saving
-    "cache that re-runs the full sequence": ("decode-speedup", {"kv_cache.py": replace_once(
-        "logits = forward(model, torch.tensor([[token]], device=device), cache)  # decode",
-        "ids = torch.cat([ids, torch.tensor([[token]], device=device)], 1)\n"
-        "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device)\n"
-        "            logits = forward(model, ids, cache)")}),
+    "cache that re-runs the full sequence": ("decode-speedup", {"kv_cache.py": RERUN}),
+    # the same, seen where the judge counts the work
+    "cache that re-runs the full sequence (counted)": ("cache-work", {"kv_cache.py": RERUN}),
+    # prefill fed one prompt token at a time: the same cache and tokens, a forward pass per prompt token
+    "prompt prefilled one token at a time": ("cache-work", {"kv_cache.py": replace_once(
+        "logits = forward(model, ids, cache)  # prefill",
+        "for i in range(ids.shape[1]):  # prefill\n"
+        "        logits = forward(model, ids[:, i:i + 1], cache)")}),
     # reads the GPT's own embeddings instead of model.embed: right on the GPT, cannot serve a checkpoint
     "cache bound to the GPT's attributes": ("checkpoint-tokens", {"kv_cache.py": replace_once(
         "x = model.embed(ids, cache.length)", "x = model.tok_emb(ids) + model.pos_emb(torch.arange(cache.length, "
