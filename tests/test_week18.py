@@ -94,6 +94,21 @@ def memoised(source: str) -> str:
         '    return _MEMO[key]')(source)
 
 
+def deadline_from_first_step(source: str) -> str:
+    """The engine's deadline clock starts at the first step() that sees the request, not at its submit."""
+    source = replace_once(
+        "        deadline = None if deadline_s is None else time.monotonic() + deadline_s\n"
+        "        self.queue.append(Request(rid, list(prompt), max_tokens, deadline))",
+        "        self.queue.append(Request(rid, list(prompt), max_tokens, None))\n"
+        "        self.queue[-1].wait_s = deadline_s")(source)
+    return replace_once(
+        "        if self.running is None and not self._start_next():",
+        "        for r in self.queue:\n"
+        "            if getattr(r, 'wait_s', None) is not None and r.deadline is None:\n"
+        "                r.deadline = time.monotonic() + r.wait_s\n"
+        "        if self.running is None and not self._start_next():")(source)
+
+
 VARIANTS = {
     # matches counted anywhere in the proposal, not only up to the first mismatch: tokens after it are kept
     "speculative acceptance that changes greedy output": ("spec-greedy", {SPEC: replace_once(
@@ -102,6 +117,8 @@ VARIANTS = {
     "acceptance rate counted over drafted + bonus tokens": ("spec-acceptance", {SPEC: replace_once(
         "rate = sum(r[1] for r in rounds) / drafted if drafted else 0.0",
         "rate = (sum(r[1] for r in rounds) + len(rounds)) / (drafted + len(rounds))")}),
+    # the deadline counted from the first step that sees the request: it is served although it waited past it
+    "deadline counted from the first step": ("deadline", {ENGINE: deadline_from_first_step}),
     # a repeated call is answered from memory: the target, counted by the judge, never runs for it
     "speculative decoder that memoises": ("spec-acceptance", {SPEC: memoised}),
     "per-tensor instead of per-channel scale": ("quant-error", {QUANT: replace_once(
