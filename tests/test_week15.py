@@ -4,6 +4,7 @@ passes."""
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
@@ -70,3 +71,18 @@ def test_report_in_other_words_passes(grade_lab):
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week15",
                            edits={"kv_cache.py": (HONEST / "kv_cache.py").read_text()})
+
+
+def test_count_work_logs_each_forward_pass():
+    """kit.generate.count_work: every model.embed call (the GPT's own forward included) is logged as (tokens,
+    offset), and work_done reads and empties the log; wrapping twice counts once."""
+    from infracourse.kit.generate import count_work, greedy_generate, work_done
+    from infracourse.kit.gpt import GPT, GPTConfig
+    model = GPT(GPTConfig(vocab_size=256, seq_len=32, d_model=16, n_head=2, n_layer=1), seed=0).eval()
+    count_work(model)
+    count_work(model)
+    greedy_generate(model, [3, 4, 5], 3)              # full recomputation: the whole sequence every step
+    assert work_done(model) == [(3, 0), (4, 0), (5, 0)]
+    model.embed(torch.tensor([[7]]), pos_offset=5)
+    model.embed(torch.tensor([[7, 8]]), 6)
+    assert work_done(model) == [(1, 5), (2, 6)] and work_done(model) == []

@@ -140,3 +140,23 @@ def test_report_in_other_words_passes(grade_lab):
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week17",
                            edits={name: (HONEST / name).read_text() for name in ("engine.py", "server.py")})
+
+
+def test_runner_journal_gives_each_requests_stays(tmp_path, monkeypatch):
+    """The course's ModelRunner journals each step's pieces; the judge's residencies() reads, per request, each
+    stay in the batch: a recomputation from position 0 opens a second one (a preemption)."""
+    from infracourse.kit.batching import ModelRunner, Piece, ServeConfig
+    from infracourse.kit.loadgen import RequestSpec
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week17"))
+    from week17_judging import read_journal, residencies
+    journal = tmp_path / "steps.jsonl"
+    runner = ModelRunner(ServeConfig(num_blocks=8, block_size=4, step_journal=str(journal)))
+    runner.step([Piece([1, 5, 6], 0, [0]), Piece([2, 7], 0, [1])])       # both prefilled
+    runner.step([Piece([9], 3, [0]), Piece([3], 2, [1])])                # both decode
+    runner.step([Piece([4], 4, [0, 3])])                                 # request 1 preempted
+    runner.step([Piece([2, 7, 3], 0, [1]), Piece([8], 5, [0, 3])])        # request 1 recomputed, in block 1 again
+    runner.step([Piece([5], 3, [1])])
+    steps = read_journal(journal)
+    assert [[len(t) for _, t, _ in s] for s in steps] == [[3, 2], [1, 1], [1], [3, 1], [1]]
+    stays = residencies(steps, [RequestSpec([1, 5, 6], 4), RequestSpec([2, 7], 4)])
+    assert stays == {0: [[0, 3]], 1: [[0, 1], [3, 4]]}
