@@ -73,7 +73,8 @@ def deadline_from_first_token(server: str) -> str:
 
 VARIANTS = {
     # shortest prompt first, skipping what does not fit: long prompts wait while short ones keep coming
-    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}),
+    # (the pressure phase sees it too: its later, shorter requests pass the waiting ones)
+    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}, ("preemption",)),
     # the report's TPOT divides E2EL by every token, the first (prefill, queueing) included
     "TPOT computed over all tokens": ("raw-records", {"report.md": tpot_over_all_tokens}),
     # a closed stream is only forgotten by the server: the engine generates on into blocks nobody reads
