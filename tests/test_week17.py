@@ -73,8 +73,9 @@ def deadline_from_first_token(server: str) -> str:
 
 VARIANTS = {
     # shortest prompt first, skipping what does not fit: long prompts wait while short ones keep coming
-    # (the pressure phase sees it too: its later, shorter requests pass the waiting ones)
-    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}, ("preemption",)),
+    # (the pressure phase sees it too: its later, shorter requests, the one with a deadline among them, pass the
+    # waiting ones)
+    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}, ("preemption", "request-timeout")),
     # the report's TPOT divides E2EL by every token, the first (prefill, queueing) included
     "TPOT computed over all tokens": ("raw-records", {"report.md": tpot_over_all_tokens}),
     # a closed stream is only forgotten by the server: the engine generates on into blocks nobody reads
@@ -95,7 +96,8 @@ VARIANTS = {
     # static batching in disguise: new sequences join only when the batch has emptied
     "admission only into an empty batch": ("throughput-vs-static", {"engine.py": replace_once(
         "        budget = self.cfg.max_num_batched_tokens - len(scheduled)",
-        "        budget = 0 if scheduled else self.cfg.max_num_batched_tokens")}),
+        "        budget = 0 if scheduled else self.cfg.max_num_batched_tokens")},
+        ("preemption",)),  # it never fills the pool, so it never preempts either
     # /debug/state built from the configuration: it always says every block is free, under load too (the
     # disconnect probe, which reads the state while a stream is live, sees it as well)
     "state that reports the configuration, not the engine": ("blocks-freed", {"engine.py": replace_once(

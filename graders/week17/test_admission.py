@@ -53,7 +53,8 @@ def test_request_timeout(served):
             f"{what} ended {d['ended_s']:.2f} s after it was sent{' with all its tokens' if complete else ''}. A "
             "deadline counts from the request's ARRIVAL (when the server received it), not from its admission or "
             "its first token: a request still waiting at its deadline is ended then (removed from the queue, an "
-            "error event or 408/504)")
+            "error event or 408/504)" + (". Served at all, it also passed the requests ahead of it: admit in "
+                                        "arrival order" if complete else ""))
 
 
 def idle_probe(served) -> None:

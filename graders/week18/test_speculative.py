@@ -12,7 +12,8 @@ spec-speedup     the judge's clock (on a CPU the worker's CPU seconds, read from
                  must reach lab.yaml's threshold. Every timed call is counted (CountedModel around the target
                  and the draft): the target runs at least once per k + 1 tokens and the draft at least once per
                  round, so a result remembered from an earlier call fails; a speed-up above k + 1 (the most
-                 tokens one target pass can yield) is more than speculation can give and fails too. The first batch where speculation is slower than plain decoding is recorded (the
+                 tokens one target pass can yield) is more than speculation can give and fails too.
+                 The first batch where speculation is slower than plain decoding is recorded (the
                  load at which it stops helping; 16 when it never does up to 8).
 """
 import random
