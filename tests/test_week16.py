@@ -11,6 +11,7 @@ from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week16-honest"
+SOLUTION = Path(__file__).parent.parent / "labs" / "week16-paged-kv" / "solution"
 
 
 @pytest.mark.slow
@@ -27,6 +28,35 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     assert "allocate" in checks["allocator-invariants"].message
     assert "block table" in checks["paged-attention"].message
     assert "at least" in checks["engine-trace"].message
+
+
+SCHEDULE_STEP = ("  - file: vllm/v1/core/sched/scheduler.py\n    function: Scheduler.schedule\n"
+                 "    role: continuous batching - picks running then waiting requests within the token budget\n")
+
+
+def schedule_after_the_model(trace: str) -> str:
+    trace = replace_once(SCHEDULE_STEP, "")(trace)
+    sampled = "    function: GPUModelRunner.sample_tokens\n    role: samples the next token of every request in the batch\n"
+    return replace_once(sampled, sampled + SCHEDULE_STEP)(trace)
+
+
+@pytest.mark.slow
+def test_trace_failures_never_show_the_index(grade_lab):
+    """A wrong file and a wrong function: the messages say what is wrong, and name no indexed file or
+    definition the trace did not name itself."""
+    from infracourse.kit.paged_reference import vllm_index
+    index = vllm_index()
+    for old, new in (("file: vllm/v1/executor/uniproc_executor.py", "file: vllm/v1/executor/uniproc.py"),
+                     ("function: KVCacheManager.allocate_slots", "function: KVCacheManager.allocate_slot")):
+        _, checks = grade_lab("week16", edits={"trace.yaml": replace_once(old, new)}, checks=["engine-trace"])
+        message = checks["engine-trace"].message
+        assert checks["engine-trace"].status == "failed", message
+        named = {line.split(":", 1)[1].strip() for line in (SOLUTION / "trace.yaml").read_text().splitlines()
+                 if line.strip().startswith(("file:", "- file:", "function:"))}
+        leaked = [f for f in index["files"] if f in message and f not in named]
+        leaked += [d for f in index["files"].values() for d in f["defs"]
+                   if len(d) > 8 and d in message and d not in named and d not in new]
+        assert not leaked, (leaked, message)
 
 
 VARIANTS = {
@@ -60,6 +90,8 @@ VARIANTS = {
     "invented cached-token figure in the report": ("report", {"report.md": invented("cached_tokens", 1.5)}),
     "trace naming a function the file does not define": ("engine-trace", {"trace.yaml": replace_once(
         "function: KVCacheManager.allocate_slots", "function: KVCacheManager.allocate_blocks")}),
+    # every step real, but the scheduler's step listed after the model has run
+    "trace with the scheduler after the model": ("engine-trace", {"trace.yaml": schedule_after_the_model}),
 }
 
 

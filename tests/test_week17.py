@@ -60,9 +60,22 @@ STARVE = replace_once(
             self.running.append(seq)
             scheduled.append(seq)""")
 
+
+def deadline_from_first_token(server: str) -> str:
+    """The deadline's clock started at the first token (admission) instead of the request's arrival."""
+    server = replace_once("            finished, n = False, 0", "            finished, n, first = False, 0, []")(server)
+    return replace_once(
+        "                token, finished = await asyncio.wait_for(tokens.get(), expires_at - time.monotonic())",
+        "                token, finished = await (asyncio.wait_for(tokens.get(), first[0] + timeout - time.monotonic())\n"
+        "                                         if first else tokens.get())\n"
+        "                first = first or [time.monotonic()]")(server)
+
+
 VARIANTS = {
     # shortest prompt first, skipping what does not fit: long prompts wait while short ones keep coming
-    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}),
+    # (the pressure phase sees it too: its later, shorter requests, the one with a deadline among them, pass the
+    # waiting ones)
+    "scheduler that starves long prompts": ("no-starvation", {"engine.py": STARVE}, ("preemption", "request-timeout")),
     # the report's TPOT divides E2EL by every token, the first (prefill, queueing) included
     "TPOT computed over all tokens": ("raw-records", {"report.md": tpot_over_all_tokens}),
     # a closed stream is only forgotten by the server: the engine generates on into blocks nobody reads
@@ -83,7 +96,8 @@ VARIANTS = {
     # static batching in disguise: new sequences join only when the batch has emptied
     "admission only into an empty batch": ("throughput-vs-static", {"engine.py": replace_once(
         "        budget = self.cfg.max_num_batched_tokens - len(scheduled)",
-        "        budget = 0 if scheduled else self.cfg.max_num_batched_tokens")}),
+        "        budget = 0 if scheduled else self.cfg.max_num_batched_tokens")},
+        ("preemption",)),  # it never fills the pool, so it never preempts either
     # /debug/state built from the configuration: it always says every block is free, under load too (the
     # disconnect probe, which reads the state while a stream is live, sees it as well)
     "state that reports the configuration, not the engine": ("blocks-freed", {"engine.py": replace_once(
@@ -91,6 +105,20 @@ VARIANTS = {
     # the deadline is computed but never enforced: the request runs to its last token
     "deadline not enforced": ("request-timeout", {"server.py": replace_once(
         "await asyncio.wait_for(tokens.get(), expires_at - time.monotonic())", "await tokens.get()")}),
+    # admission looks at the blocks only: a step prefills every prompt that fits the pool, however many tokens
+    "scheduler that ignores the token budget": ("token-budget", {"engine.py": replace_once(
+        "if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.tokens)):",
+        "if not self.blocks.grow(seq, len(seq.tokens)):")}),
+    # blocks for prompt + max_tokens reserved at admission: no sequence ever needs a block it cannot get, so none
+    # is preempted, and fewer run than the pool allows
+    "scheduler that never preempts (reserves max_tokens)": ("preemption", {"engine.py": replace_once(
+        "if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.tokens)):",
+        "if len(seq.tokens) > budget or not self.blocks.grow(seq, len(seq.prompt) + seq.max_tokens):")}),
+    # a preempted sequence queued behind everything that arrived after it
+    "preempted request re-queued at the back": ("preemption", {"engine.py": replace_once(
+        "self.waiting.appendleft(victim)", "self.waiting.append(victim)")}),
+    # the deadline counted from the first token: a request that waits in the queue is never timed out there
+    "deadline counted from admission": ("request-timeout", {"server.py": deadline_from_first_token}),
     "invented server memory in the report": ("report", {"report.md": invented("server_peak_rss_mb", 10.0)}),
 }
 
@@ -115,3 +143,23 @@ def test_report_in_other_words_passes(grade_lab):
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week17",
                            edits={name: (HONEST / name).read_text() for name in ("engine.py", "server.py")})
+
+
+def test_runner_journal_gives_each_requests_stays(tmp_path, monkeypatch):
+    """The course's ModelRunner journals each step's pieces; the judge's residencies() reads, per request, each
+    stay in the batch: a recomputation from position 0 opens a second one (a preemption)."""
+    from infracourse.kit.batching import ModelRunner, Piece, ServeConfig
+    from infracourse.kit.loadgen import RequestSpec
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week17"))
+    from week17_judging import read_journal, residencies
+    journal = tmp_path / "steps.jsonl"
+    runner = ModelRunner(ServeConfig(num_blocks=8, block_size=4, step_journal=str(journal)))
+    runner.step([Piece([1, 5, 6], 0, [0]), Piece([2, 7], 0, [1])])       # both prefilled
+    runner.step([Piece([9], 3, [0]), Piece([3], 2, [1])])                # both decode
+    runner.step([Piece([4], 4, [0, 3])])                                 # request 1 preempted
+    runner.step([Piece([2, 7, 3], 0, [1]), Piece([8], 5, [0, 3])])        # request 1 recomputed, in block 1 again
+    runner.step([Piece([5], 3, [1])])
+    steps = read_journal(journal)
+    assert [[len(t) for _, t, _ in s] for s in steps] == [[3, 2], [1, 1], [1], [3, 1], [1]]
+    stays = residencies(steps, [RequestSpec([1, 5, 6], 4), RequestSpec([2, 7], 4)])
+    assert stays == {0: [[0, 3]], 1: [[0, 1], [3, 4]]}

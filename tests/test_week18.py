@@ -78,6 +78,37 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
 
 
 SPEC, QUANT, ENGINE = "speculative.py", "quant.py", "engine.py"
+
+
+def memoised(source: str) -> str:
+    """speculative_generate that keeps every result and answers a repeated call from it: right tokens, right
+    rounds, no model run."""
+    source = replace_once("import torch\n", "import torch\n\n_MEMO = {}\n")(source)
+    source = replace_once(
+        "    ids = torch.tensor([list(p) for p in prompts], dtype=torch.long)",
+        "    key = (repr(prompts), k, n)\n    if key in _MEMO:\n        return _MEMO[key]\n"
+        "    ids = torch.tensor([list(p) for p in prompts], dtype=torch.long)")(source)
+    return replace_once(
+        '    return ids[:, start:].tolist(), {"rounds": rounds, "acceptance_rate": rate}',
+        '    _MEMO[key] = ids[:, start:].tolist(), {"rounds": rounds, "acceptance_rate": rate}\n'
+        '    return _MEMO[key]')(source)
+
+
+def deadline_from_first_step(source: str) -> str:
+    """The engine's deadline clock starts at the first step() that sees the request, not at its submit."""
+    source = replace_once(
+        "        deadline = None if deadline_s is None else time.monotonic() + deadline_s\n"
+        "        self.queue.append(Request(rid, list(prompt), max_tokens, deadline))",
+        "        self.queue.append(Request(rid, list(prompt), max_tokens, None))\n"
+        "        self.queue[-1].wait_s = deadline_s")(source)
+    return replace_once(
+        "        if self.running is None and not self._start_next():",
+        "        for r in self.queue:\n"
+        "            if getattr(r, 'wait_s', None) is not None and r.deadline is None:\n"
+        "                r.deadline = time.monotonic() + r.wait_s\n"
+        "        if self.running is None and not self._start_next():")(source)
+
+
 VARIANTS = {
     # matches counted anywhere in the proposal, not only up to the first mismatch: tokens after it are kept
     "speculative acceptance that changes greedy output": ("spec-greedy", {SPEC: replace_once(
@@ -86,6 +117,10 @@ VARIANTS = {
     "acceptance rate counted over drafted + bonus tokens": ("spec-acceptance", {SPEC: replace_once(
         "rate = sum(r[1] for r in rounds) / drafted if drafted else 0.0",
         "rate = (sum(r[1] for r in rounds) + len(rounds)) / (drafted + len(rounds))")}),
+    # the deadline counted from the first step that sees the request: it is served although it waited past it
+    "deadline counted from the first step": ("deadline", {ENGINE: deadline_from_first_step}),
+    # a repeated call is answered from memory: the target, counted by the judge, never runs for it
+    "speculative decoder that memoises": ("spec-acceptance", {SPEC: memoised}),
     "per-tensor instead of per-channel scale": ("quant-error", {QUANT: replace_once(
         "scale = w.abs().amax(dim=1) / 127  # (out,)", "scale = w.abs().amax().expand(w.shape[0]) / 127")}),
     # the int8 cast truncates toward zero: errors up to a whole step

@@ -9,7 +9,8 @@ from the kernel; on a GPU the wall clock) runs around calls into the worker:
 The same two timings of the kit's greedy_generate (every step recomputes the whole sequence), in the same
 worker, give the uncached time per token; the cached decode must beat it by lab.yaml's threshold. Every timed
 call gets a fresh seeded prompt and its tokens are checked against full recomputation here; the slope between
-8 and 16 new tokens is also taken, and the slower of the two slopes is the one compared.
+8 and 16 new tokens is also taken, and the slower of the two slopes is the one compared. A prefill faster than
+PREFILL_FLOOR of the kit's own forward pass over a prompt of the same length is not a prefill, and fails.
 """
 
 import pytest
@@ -20,6 +21,9 @@ from infracourse.kit.generate import greedy_generate, seeded_prompts
 from week15_judging import TIMING_CFG, TIMING_NEW, TIMING_PROMPT, call_generate, follows_greedy, models
 
 REPEATS = 5
+# A prefill runs every prompt token through every layer: it takes at least this share of the kit's one forward
+# pass over the same prompt (which also computes logits at every position). Less is a prompt not computed.
+PREFILL_FLOOR = 0.3
 
 
 def _fastest(fn, repeats, clock):
@@ -74,6 +78,12 @@ def test_cached_decode_is_faster(kv, learner, record, lab_check, seed, device):
     if per_token <= 0 or ref_per_token <= 0:
         raise LabCheckFailed(f"{what}: {TIMING_NEW} tokens took no longer than one ({total * 1e3:.2f} ms against "
                              f"{ttft * 1e3:.2f} ms): the machine is too loaded to time; grade again when it is idle")
+    if ttft < PREFILL_FLOOR * ref_ttft:
+        raise LabCheckFailed(
+            f"{what}: generate(model, prompt, 1) took {ttft * 1e3:.2f} ms, less than {PREFILL_FLOOR:g}x the kit's one "
+            f"forward pass over a prompt of the same length ({ref_ttft * 1e3:.2f} ms): a prefill computes every "
+            "prompt token's keys and values in every layer, on each call's own (fresh) prompt; nothing from an "
+            "earlier call can stand in for it")
     record("prefill", ttft * 1e3, unit="ms", seconds=ttft, model=what)
     record("decode per token", per_token * 1e3, unit="ms", seconds=per_token, model=what)
     speedup = ref_per_token / slope

@@ -1,10 +1,11 @@
 """The engine reading: trace.yaml follows one completion request through the pinned vLLM release, step by step
 (file, function, role). Every named function must exist in that file of the release (the course ships an index
-of its request-path files: infracourse/kit/vllm_index.json), and the steps must start at the entry point and
-visit the scheduler, the KV-cache manager, model execution and output processing. The roles are the learner's
-own words and are not graded."""
-import difflib
-
+of its request-path files: infracourse/kit/vllm_index.json, the stage each file belongs to), the steps must
+start at the entry point and visit the scheduler, the KV-cache manager, model execution and output processing,
+in the order a request meets them: the scheduler before the model runs, the KV-cache manager called from the
+scheduling, output processing after the model ran. The roles are the learner's own words and are not graded.
+No failure message shows the index (its files, stages of files the trace does not name, or definitions): the
+trace is read from the source, not fitted to the judge's answers."""
 import pytest
 import yaml
 
@@ -48,17 +49,15 @@ def test_trace_names_real_files_and_functions(learner):
         file, function = step["file"].strip(), step["function"].strip()
         entry = index["files"].get(file)
         if entry is None:
-            near = [f for f in index["files"] if f.rsplit("/", 1)[-1] == file.rsplit("/", 1)[-1]]
             raise LabCheckFailed(
                 f"trace.yaml step {i}: {file} is not one of the request-path files the course indexes for vLLM "
-                f"{index['version']}{f' (did you mean {near[0]}?)' if near else ''}. Paths start at the repository "
-                f"root (vllm/...); the indexed files are: {', '.join(sorted(index['files']))}")
+                f"{index['version']} (the entry point, the engine, the scheduler, the KV-cache manager, model "
+                "execution and output processing). Give the path from the repository root (vllm/...) as it is at "
+                "that release, of a file the request passes through")
         if resolve(entry["defs"], function) is None:
-            close = difflib.get_close_matches(function, entry["defs"], n=4, cutoff=0.6)
             raise LabCheckFailed(
-                f"trace.yaml step {i}: {file} of vLLM {index['version']} defines no {function!r}"
-                f"{f' (close: {close})' if close else ''}. Name a function, a class or Class.method that the "
-                "file defines at that release, as you read it there")
+                f"trace.yaml step {i}: {file} of vLLM {index['version']} defines no {function!r}. Name a function, "
+                "a class or Class.method that the file defines at that release, as you read it there")
         stages.append(entry["stage"])
     if stages[0] != "entry":
         raise LabCheckFailed(f"trace.yaml's first step is in the {stages[0]} stage; a request enters through the "
@@ -68,3 +67,19 @@ def test_trace_names_real_files_and_functions(learner):
         raise LabCheckFailed(f"trace.yaml's steps visit the stages {sorted(set(stages))} but not {missing}: follow "
                              "the request through the scheduler, the KV-cache manager, the model's execution and "
                              "the output processing back to the client")
+    first = {stage: stages.index(stage) for stage in REQUIRED_STAGES}
+    if first["model"] < first["scheduler"]:
+        raise LabCheckFailed(
+            f"trace.yaml step {first['model'] + 1} ({steps[first['model']]['function'].strip()}) runs the model "
+            f"before any step reaches the scheduler (its first step is {first['scheduler'] + 1}): the model executes "
+            "what the scheduler scheduled; list the steps in the order the request meets them")
+    if not any(s == "cache" for s in stages[first["scheduler"]:]):
+        raise LabCheckFailed(
+            f"trace.yaml: no step after the scheduler's first (step {first['scheduler'] + 1}) is in the KV-cache "
+            "manager; the scheduler asks it for the request's blocks (the prefix-cache lookup, then new slots) "
+            "before the model runs: list the steps in the order the request meets them")
+    if not any(s == "output" for s in stages[first["model"]:]):
+        raise LabCheckFailed(
+            f"trace.yaml: no output-processing step comes after the model's first (step {first['model'] + 1}); the "
+            "sampled tokens go from the model back through output processing to the client: list the steps in "
+            "the order the request meets them")

@@ -9,25 +9,32 @@ a Unix socket), driven by the judge through phases whose evidence the checks rea
               have finished?
   timeout     a request with a deadline (timeout_s) shorter than its generation
   burst       more requests at once than the running batch plus the queue hold: 429 (or 503) for the rest
+  pressure    the token budget saturated, the pool too small for the running sequences (preemption forced),
+              later arrivals and a request with a deadline queued behind them; the course's ModelRunner
+              journals every step's pieces, which the checks hold against the scheduler's rules
 
 and, for the throughput check, the course's static-batching server (kit.static_server) on the same load point.
 What the server says about itself (/debug/state) is evidence, held against what the judge saw on the wire.
 """
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from infracourse.grader import serving
 from infracourse.kit import batching
 from infracourse.kit.threads import intra_op_threads
-from week17_judging import (Served, keep_phase, phase_burst, phase_disconnect, phase_load, phase_starvation,
-                            phase_timeout)
+from week17_judging import (JOURNAL, Served, keep_phase, phase_burst, phase_disconnect, phase_load, phase_pressure,
+                            phase_starvation, phase_timeout)
 
 
 @pytest.fixture(scope="session")
 def learner_server(learner, device, tmp_path_factory):
-    """The learner's server, up for the whole grade (the throughput check may measure it again)."""
-    cfg = batching.bench_config(device)
+    """The learner's server, up for the whole grade (the throughput check may measure it again). The course's
+    ModelRunner journals every step into its scratch folder (its working folder): JOURNAL."""
+    cfg = dataclasses.replace(batching.bench_config(device), step_journal=JOURNAL)
     with serving.serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=cfg.to_env(),
                        ready_timeout_s=60, device=device) as server:
         yield server
@@ -45,6 +52,7 @@ def served(learner_server, seed, device) -> Served:
         itl = max(1e-4, phases["load"].data["metrics"]["tpot_ms"]["median"] / 1000)
     keep_phase(phases, "timeout", server, phase_timeout, s, itl)
     keep_phase(phases, "burst", server, phase_burst, s, cfg)
+    keep_phase(phases, "pressure", server, phase_pressure, s, cfg, Path(server.uds).parent / JOURNAL)
     return Served(s, device, cfg, phases, server.log_tail(20000))
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from infracourse.grader import LabCheckFailed
-from week17_judging import STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
+from week17_judging import DEADLINE_SLACK_S, STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
 
 
 @pytest.mark.check("backpressure")
@@ -41,6 +41,24 @@ def test_bounded_queue(served, judge_model):
 
 @pytest.mark.check("request-timeout")
 def test_request_timeout(served):
+    idle_probe(served)
+    p = served.phases["pressure"].get()
+    d, ahead = p["deadline_seen"], p["ahead"]
+    what = (f"a request with timeout_s {d['timeout_s']:g} sent while {ahead['running']} requests ran and "
+            f"{ahead['waiting']} waited ahead of it (the pressure phase: first come, first served, it cannot be "
+            "admitted before its deadline)")
+    complete = d["status"] == 200 and (d["done"] or d["content"] >= d["max_tokens"])
+    if complete or d["ended_s"] > d["timeout_s"] + DEADLINE_SLACK_S:
+        raise LabCheckFailed(
+            f"{what} ended {d['ended_s']:.2f} s after it was sent{' with all its tokens' if complete else ''}. A "
+            "deadline counts from the request's ARRIVAL (when the server received it), not from its admission or "
+            "its first token: a request still waiting at its deadline is ended then (removed from the queue, an "
+            "error event or 408/504)" + (". Served at all, it also passed the requests ahead of it: admit in "
+                                        "arrival order" if complete else ""))
+
+
+def idle_probe(served) -> None:
+    """The deadline on an idle server: the request is admitted at once and must end mid-generation."""
     t = served.phases["timeout"].get()
     what = (f"a request with timeout_s {t['timeout_s']:.2f} and max_tokens {t['max_tokens']} (its generation takes "
             "longer)")

@@ -3,6 +3,7 @@ conftest.py (which keeps the fixtures) import them by this week-unique name."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import subprocess
 import statistics
@@ -235,11 +236,9 @@ def phase_disconnect(server: serving.Server, seed: int, floor_s: float) -> dict:
             "window_s": window, "closed": closed, "next": (spec, records[0])}
 
 
-def phase_timeout(server: serving.Server, seed: int, itl_s: float) -> dict:
-    before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
-    prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 5)[0].prompt_ids
-    max_tokens = 120
-    timeout = min(0.3, max(0.02, 0.3 * max_tokens * itl_s))  # well under the generation's own time
+def deadline_stream(server: serving.Server, prompt: list[int], max_tokens: int, timeout: float) -> dict:
+    """One request with timeout_s, read to its end: HTTP status, content chunks, [DONE] or not, seconds from
+    its send to its end (the judge's clock)."""
     stream = server.stream(body(prompt, max_tokens, timeout_s=timeout))
     content, done = 0, False
     try:
@@ -253,9 +252,116 @@ def phase_timeout(server: serving.Server, seed: int, itl_s: float) -> dict:
         ended = time.perf_counter() - stream.sent
     finally:
         stream.close()
-    after, waited = wait_idle(server, before["free_blocks"], 1.0)
     return {"timeout_s": timeout, "status": stream.status, "content": content, "done": done, "ended_s": ended,
-            "before": before, "after": after, "max_tokens": max_tokens}
+            "max_tokens": max_tokens}
+
+
+def phase_timeout(server: serving.Server, seed: int, itl_s: float) -> dict:
+    before = wait_idle(server, batching.bench_config().num_blocks, 2.0)[0]
+    prompt = request_matrix([8], [1], 1, vocab_size=128, seed=seed + 5)[0].prompt_ids
+    max_tokens = 120
+    timeout = min(0.3, max(0.02, 0.3 * max_tokens * itl_s))  # well under the generation's own time
+    seen = deadline_stream(server, prompt, max_tokens, timeout)
+    after, waited = wait_idle(server, before["free_blocks"], 1.0)
+    return {**seen, "before": before, "after": after}
+
+
+# The pressure phase: the scheduler in the conditions its rules exist for. A pacer runs; then FIRST requests of
+# FIRST_PROMPT + FIRST_NEW tokens arrive at once: two of their prompts and the pacer's decode token are more than
+# a step's budget (max_num_batched_tokens 128), and their sequences need more blocks than the pool holds (16 x 13
+# of 96), so the reference must preempt, again and again as they grow. LATE requests and one with a deadline
+# arrive once every FIRST request has: first come first served, they wait behind every FIRST one, preempted ones
+# included, and the deadline (counted from its arrival) passes long before it could be admitted.
+JOURNAL = "steps.jsonl"  # ModelRunner's step journal, in the server's working folder
+FIRST, FIRST_PROMPT, FIRST_NEW, LATE, PRESSURE_DEADLINE_S = 16, 64, 40, 4, 0.25
+DEADLINE_SLACK_S = 0.5  # how late past its deadline a queued request may end (a loaded machine's event loop)
+PACER_NEW = 60
+
+
+def pressure_specs(seed: int) -> dict:
+    """The phase's requests; prompt[0] tells them apart in the runner's journal (1 the pacer, then 2, 3, ...)."""
+    pacer = request_matrix([1], [PACER_NEW], 1, vocab_size=128, seed=seed + 7)
+    first = request_matrix([FIRST_PROMPT], [FIRST_NEW], FIRST, vocab_size=128, seed=seed + 8)
+    late = request_matrix([8], [8], LATE + 1, vocab_size=128, seed=seed + 9)
+    specs = [*pacer, *first, *late]
+    for i, spec in enumerate(specs):
+        spec.prompt_ids[0] = i + 1
+    return {"pacer": specs[0], "first": specs[1:1 + FIRST], "late": specs[1 + FIRST:-1], "deadline": specs[-1]}
+
+
+def journal_length(path: Path) -> int:
+    return len(read_journal(path))
+
+
+def read_journal(path: Path) -> list:
+    """The steps the course's ModelRunner journalled (one JSON list of [start, tokens, block_table] per step);
+    a last line cut mid-write is left out."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    steps = []
+    for line in lines:
+        try:
+            steps.append(json.loads(line))
+        except ValueError:
+            break
+    return steps
+
+
+def phase_pressure(server: serving.Server, seed: int, cfg: batching.ServeConfig, journal: Path) -> dict:
+    wait_idle(server, cfg.num_blocks, 2.0)
+    specs, out = pressure_specs(seed), {}
+    begin = journal_length(journal)
+
+    def run(name, batch, **kwargs):
+        out[name] = server.load(batch, timeout_s=60.0, **kwargs)[0]
+
+    threads = [threading.Thread(target=run, args=("pacer", [specs["pacer"]]), daemon=True)]
+    threads[0].start()
+    began = time.perf_counter()
+    while state(server)["running"] < 1 and time.perf_counter() - began < 2.0:
+        time.sleep(0.005)
+    threads.append(threading.Thread(target=run, args=("first", specs["first"]), daemon=True))
+    threads[-1].start()
+    while time.perf_counter() - began < 4.0:  # every FIRST request arrived: running or waiting
+        s = state(server)
+        if s["running"] + s["waiting"] >= FIRST + 1:
+            break
+        time.sleep(0.005)
+    ahead = state(server)
+    threads.append(threading.Thread(target=run, args=("late", specs["late"]), daemon=True))
+    threads[-1].start()
+    deadline = deadline_stream(server, specs["deadline"].prompt_ids, specs["deadline"].max_tokens,
+                               PRESSURE_DEADLINE_S)
+    for t in threads:
+        t.join(60)
+    wait_idle(server, cfg.num_blocks, 2.0)
+    return {**specs, "records": out, "ahead": ahead, "deadline_seen": deadline,
+            "steps": read_journal(journal)[begin:], "begin": begin, "journal": journal}
+
+
+def residencies(steps: list, specs: list[RequestSpec]) -> dict[int, list[list[int]]]:
+    """Per request (index into specs), the [first, last] step of each stay in the running batch, from the
+    journal: a stay opens with a piece at position 0 (its prompt[0] names the request) and lasts while pieces
+    use the block table it began with (its first block)."""
+    ids = {spec.prompt_ids[0]: i for i, spec in enumerate(specs)}
+    stays: dict[int, list[list[int]]] = {}
+    owner: dict[int, list[int]] = {}
+    for step, pieces in enumerate(steps):
+        for start, tokens, table in pieces:
+            if not table or not tokens:
+                continue
+            if start == 0:
+                if tokens[0] in ids:
+                    stay = [step, step]
+                    stays.setdefault(ids[tokens[0]], []).append(stay)
+                    owner[table[0]] = stay
+                else:
+                    owner.pop(table[0], None)
+            elif table[0] in owner:
+                owner[table[0]][1] = step
+    return stays
 
 
 def phase_burst(server: serving.Server, seed: int, cfg: batching.ServeConfig) -> dict:

@@ -5,7 +5,9 @@ cancel    a running request cancelled mid-stream emits no token after the cancel
           the pool at once; a queued request cancelled never starts; the others still produce the model's
           greedy tokens; every block is free at the end.
 deadline  a request whose deadline passes while it waits is dropped ("expired"), never emits a token and
-          never takes blocks; one with time to spare completes.
+          never takes blocks; one with time to spare completes. The deadline passes, counted from the submit,
+          while the request ahead still runs, and the expired one reaches the head of the queue at the very next
+          step: a deadline counted from a later moment (the first step that saw it, its turn) serves it late.
 overload  one arrival per step while a request takes MAX_TOKENS steps (MAX_TOKENS x the capacity): the queue
           (learner-reported, and counted here from what was admitted and has not started) never exceeds
           max_queue; rejections answer fast (judge's clock); every admitted request completes with the greedy
@@ -27,6 +29,7 @@ from week18_judging import remote_gpt, require
 CFG = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=2, n_layer=2)
 NUM_BLOCKS, BLOCK_SIZE = 48, 4
 MAX_TOKENS, ARRIVALS = 6, 60
+EXPIRE_S, WAIT_S = 0.3, 0.6  # the deadline probe: B's deadline, and the judge's wait after B's submit
 
 
 @pytest.fixture(scope="module")
@@ -91,17 +94,22 @@ def test_expired_request_is_dropped(learner, engine_module, seed):
     r = random.Random(seed)
     local, pool, engine = setup(learner, engine_module, seed, max_queue=4)
     prompts = [[r.randrange(256) for _ in range(5)] for _ in range(3)]
-    what = f"seed {seed}: A (8 new) running, then B (deadline 0.05 s) and C (deadline 60 s) queued behind it"
-    a = engine.submit(prompts[0], 8)
+    # A ends at the first step after the wait, so B reaches the head of the queue at once: a deadline counted
+    # from anything later than B's submit (the first step that sees it, its turn) has not passed there
+    what = (f"seed {seed}: A (2 new) running, then B (deadline {EXPIRE_S:g} s) and C (deadline 60 s) queued behind "
+            f"it, and {WAIT_S:g} s before the next step")
+    a = engine.submit(prompts[0], 2)
     step(engine, what)
-    b = engine.submit(prompts[1], 4, deadline_s=0.05)
+    b = engine.submit(prompts[1], 4, deadline_s=EXPIRE_S)
     c = engine.submit(prompts[2], 4, deadline_s=60.0)
-    time.sleep(0.15)  # B's deadline passes while A still runs
+    time.sleep(WAIT_S)  # B's deadline, counted from its submit, passes while A still runs
     got = {a: [], b: [], c: []}
-    for _ in range(16):
+    for i in range(16):
         for rid, tok in step(engine, what).items():
-            require(rid != b, f"{what}: B emitted a token after waiting 0.15 s past its 0.05 s deadline: a request "
-                    "whose deadline passed before it could start must be dropped, not served late")
+            require(rid != b, f"{what}: B emitted a token at step {i + 1} after the wait, {WAIT_S:g} s after its "
+                    f"submit, past its {EXPIRE_S:g} s deadline. A deadline counts from the request's submit (its "
+                    "arrival), not from a later step or its turn: a request whose deadline passed before it could "
+                    "start must be dropped, not served late")
             got[rid].append(tok)
     require(engine.status(b) == "expired", f"{what}: B's status is {engine.status(b)!r}, 'expired' expected")
     require(engine.status(c) == "done" and greedy_ok(local, prompts[2], got[c]),

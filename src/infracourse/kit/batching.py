@@ -24,6 +24,7 @@ CPU to the HTTP side), whatever the batch. `forward_batch(model, pool, pieces)` 
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -53,6 +54,7 @@ class ServeConfig(EnvConfig):
     request_timeout_s: float = 30.0     # a request not finished this long after it arrived is aborted
     step_floor_ms: float = 0.0          # the least time a step takes (ModelRunner): a device's weight-bound step
     device: str = "cpu"
+    step_journal: str = ""              # a file ModelRunner appends each step's pieces to (the judge reads it)
 
 
 def serve_model(cfg: ServeConfig | None = None) -> GPT:
@@ -101,12 +103,18 @@ class ModelRunner:
         self.pool = KVPool(SERVE_GPT, cfg.num_blocks, cfg.block_size, device=cfg.device)
         self.floor_s = cfg.step_floor_ms / 1000.0
         self.steps = 0
+        # one JSON line per step, [[start, tokens, block_table], ...] of its pieces: what the judge holds against
+        # the scheduler's rules (the token budget, preemption, first come first served)
+        self.journal = open(cfg.step_journal, "a", buffering=1) if cfg.step_journal else None
 
     def step(self, pieces: list["Piece"]) -> torch.Tensor:
         """forward_batch over `pieces`, lasting at least the floor: (len(pieces), vocab) logits."""
         started = time.perf_counter()
         logits = forward_batch(self.model, self.pool, pieces)
         self.steps += 1
+        if self.journal is not None:
+            rows = [[int(p.start), [int(t) for t in p.tokens], [int(b) for b in p.block_table]] for p in pieces]
+            self.journal.write(json.dumps(rows) + "\n")
         rest = self.floor_s - (time.perf_counter() - started)
         if rest > 0:
             time.sleep(rest)

@@ -63,3 +63,28 @@ def seeded_prompts(n: int, vocab_size: int, min_len: int, max_len: int, *, seed:
     """n prompts with lengths drawn uniformly from [min_len, max_len] and ids from [0, vocab_size)."""
     r = random.Random(seed)
     return [[r.randrange(vocab_size) for _ in range(r.randint(min_len, max_len))] for _ in range(n)]
+
+
+def count_work(model) -> None:
+    """The judge's model wrapper, built in the worker around the model a learner's generate runs: every call of
+    `model.embed` (where each forward pass starts, the GPT's and the checkpoint model's alike) is logged as
+    (tokens embedded, position offset); `work_done(model)` returns the log and empties it."""
+    if hasattr(model, "_work_log"):
+        return
+    log: list[tuple[int, int]] = []
+    embed = model.embed
+
+    def counted(ids, *args, **kwargs):
+        offset = args[0] if args else kwargs.get("pos_offset", 0)
+        log.append((int(ids.numel()), int(offset)))
+        return embed(ids, *args, **kwargs)
+
+    object.__setattr__(model, "embed", counted)
+    object.__setattr__(model, "_work_log", log)
+
+
+def work_done(model) -> list[tuple[int, int]]:
+    """The (tokens, position offset) of each model.embed call since the last read (count_work), oldest first."""
+    log = model._work_log
+    out, log[:] = list(log), []
+    return out

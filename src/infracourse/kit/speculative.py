@@ -3,8 +3,8 @@
     target_model(seed)  8 layers, d_model 128: the model whose greedy output must come out
     draft_model(seed)   the target's FIRST layer with the target's embeddings, final norm and head: 1/8 of
                         the layers, so it guesses the target's next token often (about 3 times in 4 here)
-    CountedModel(m)     m with a counter of forward calls (`calls`): the judge's view of how many times the
-                        target ran
+    CountedModel(m)     m with counters of forward calls (`calls`) and token positions run (`tokens`): the
+                        judge's view of how much the target and the draft computed
     batched_greedy(model, prompts, n)   greedy generation of equal-length prompts as one batch, by full
                         recomputation: the baseline speculation is timed against
     replay(target, draft, prompts, n, rounds) -> (accepted per round, message): the judge's recount
@@ -57,17 +57,25 @@ def draft_model(seed: int = 0) -> GPT:
 
 
 class CountedModel(nn.Module):
-    """`model` with a count of its forward calls, for the judge: `calls` is how many times it ran."""
+    """`model` with a count of its forward calls and of the token positions they ran, for the judge: `calls` is
+    how many times it ran, `tokens` how many positions (batch x length) those calls processed."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self.cfg = model.cfg
         self.calls = 0
+        self.tokens = 0
 
     def forward(self, idx: torch.Tensor, *args, **kwargs):
         self.calls += 1
+        self.tokens += int(idx.numel())
         return self.model(idx, *args, **kwargs)
+
+
+def counts(model: CountedModel) -> tuple[int, int]:
+    """(calls, tokens) of a CountedModel so far, read in the worker where it runs."""
+    return model.calls, model.tokens
 
 
 @torch.no_grad()
