@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes
+from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
 
 from infracourse.kit import datapipe
@@ -121,3 +121,25 @@ def test_a_shuffle_that_differs_between_processes_is_named(grade_lab):
     assert "different orders" in check.message and "hash()" in check.message, check.message
     assert "RECEIVED" not in check.message and "last batch the loop received" not in check.message
     assert not result.complete
+
+
+# issue 29 class 1: a cache that is only ever read warm over data that never changes passes with stale copies.
+# The judge rewrites a shard behind the warm cache between two epochs of one process: any shard, so every grade.
+STALE_CACHES = {
+    "cache keeps its files by shard name": replace_once(
+        "path = self.folder / f\"{self.manifest['shards'][name]['sha256']}.bin\"",
+        "path = self.folder / f\"{name}.bin\""),
+    "cache keeps shards in the process by name": replace_once(
+        "    def read(self, name: str) -> bytes:\n",
+        "    kept = {}  # one per process, by shard name\n\n    def read(self, name: str) -> bytes:\n"
+        "        if name in LocalCache.kept:\n            return LocalCache.kept[name]\n"
+        "        LocalCache.kept[name] = self._read(name)\n        return LocalCache.kept[name]\n\n"
+        "    def _read(self, name: str) -> bytes:\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(STALE_CACHES))
+def test_a_cache_that_serves_stale_bytes_fails_naming_the_shard(grade_lab, name):
+    check = assert_variant_fails(grade_lab, "week19", "cache-hits", {"cache.py": STALE_CACHES[name]})
+    assert "epoch 2, after the judge rewrote shard-" in check.message, check.message
+    assert "stale" in check.message or "no longer match the new manifest" in check.message, check.message

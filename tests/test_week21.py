@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes
+from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
@@ -80,6 +80,33 @@ def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
               if c.id not in (check_id, "report") and c.status not in ("passed", "blocked")}
     assert not others, others
     assert not result.complete
+
+
+def test_a_supervisor_that_restarts_once_fails_at_the_second_kill(grade_lab):
+    """Issue 29 class 1: with one kill per grade, a supervisor that restarts the service once passed. The judge kills
+    the replacement too, every grade, and the message names the second kill."""
+    once = replace_once("        while not self.stopping:\n", "        while not self.stopping and self.starts < 2:\n")
+    check = assert_variant_fails(grade_lab, "week21", "supervisor-restarts", {"gateway.py": once})
+    assert "the second time the judge SIGKILLed" in check.message and "not twice" in check.message, check.message
+
+
+# Issue 29 class 5: the bad version was errors or slowness by the seed's parity, so each half-canary passed every
+# other grade. The judge now deploys both in every grade; each half-canary fails on the version it cannot see.
+HALF_CANARIES = {
+    "canary that compares only errors": ("v3", replace_once(
+        """    if canary["errors"] > 0 or canary["tpot_s"] > CANARY_SLOWER * baseline["tpot_s"]:""",
+        """    if canary["errors"] > 0:""")),
+    "canary that compares only per-token time": ("v2", replace_once(
+        """    if canary["errors"] > 0 or canary["tpot_s"] > CANARY_SLOWER * baseline["tpot_s"]:""",
+        """    if float("inf") > canary["tpot_s"] > CANARY_SLOWER * baseline["tpot_s"]:""")),
+}
+
+
+@pytest.mark.parametrize("name", list(HALF_CANARIES))
+def test_a_canary_that_compares_one_figure_fails_on_the_version_it_misses(grade_lab, name):
+    version, edit = HALF_CANARIES[name]
+    check = assert_variant_fails(grade_lab, "week21", "rollback", {"gateway.py": edit})
+    assert check.message.startswith(f"{version} was bad") and "BOTH" in check.message, check.message
 
 
 def test_honest_gateway_in_another_style_passes(grade_lab, machine):
@@ -180,3 +207,29 @@ def test_capacity_miss_fails_and_names_the_pace_when_the_steps_ran_slow(monkeypa
     assert ("may have been too busy" in str(caught.value)) == busy, str(caught.value)
     if claimed > 14.7:
         assert "above what the platform can serve at all" in str(caught.value)
+
+
+def test_restart_at_rest_counts_cpu_seconds_not_the_wait(monkeypatch):
+    """Issue 29: the report's time_to_ready_s (written on an idle machine) failed against a wall-clock restart timed
+    at load (1.15 s written, 9-12 s measured with 3-4 grades on 2 cores). The judge now compares it with the
+    restart at rest: the time until the new process was created plus the CPU seconds it used until it answered.
+    A process that spends 1.5 s not running (here asleep, as one waiting behind a loaded CPU does) adds nothing."""
+    import subprocess
+    import sys
+    import time
+
+    judge = _week21_judge(monkeypatch)
+    killed = time.perf_counter()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(1.5)\n"
+    proc = subprocess.Popen([sys.executable, "-c", burn + "print('ready', flush=True)\ntime.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        wall = time.perf_counter() - killed
+        at_rest = judge.restart_at_rest({"killed": killed, "new": {"pid": proc.pid}})
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wall >= 1.8, wall
+    assert 0.3 <= at_rest < wall - 1.0, (at_rest, wall)
+    assert judge.restart_at_rest({"killed": killed, "new": {"pid": proc.pid}}) is None  # gone: no figure

@@ -59,10 +59,12 @@ class Harness:
         with StorageServer(root, self.scratch / f"storage-{self._sockets}.sock", latency_s) as server:
             yield server
 
-    def run(self, server: StorageServer, spec: DatasetSpec, task: dict, what: str, timeout_s: float = 60):
+    def run(self, server: StorageServer, spec: DatasetSpec, task: dict, what: str, timeout_s: float = 60,
+            on_line=None):
         """Run a driver task against `server`; a learner failure becomes the check's failure, saying what ran."""
         run = datapipe.run_driver({**task, "socket": str(server.socket_path), "spec": asdict(spec)},
-                                  snapshot=self.learner_root, scratch=self.scratch, timeout_s=timeout_s)
+                                  snapshot=self.learner_root, scratch=self.scratch, timeout_s=timeout_s,
+                                  on_line=on_line)
         if run.returncode == datapipe.NOT_WRITTEN:
             raise LearnerRaised("NotImplementedError", run.stderr.strip().splitlines()[-1].split(": ", 1)[-1])
         if run.returncode is None:

@@ -7,9 +7,9 @@ by the judge through phases whose evidence the checks read:
              gateway) and clocks, on its own clock, the time until a new service process answers /health
   capacity   the learner's claimed capacity (capacity.json, written by sweep.py) run again by the judge at 0.9x
              and at 1.15x that rate with the course's capacity workload
-  deploy     POST /admin/deploy {"version": "v2"} under light load: v2 is bad (the judge's fault: errors or a
-             per-step latency regression, by the seed); the judge samples the process tree meanwhile, then asks
-             which version answers
+  deploy     POST /admin/deploy {"version": "v2"} under light load, then the same with "v3": each is bad (the
+             judge's faults: v2 answers errors, v3 steps 3x slower); the judge samples the process tree meanwhile,
+             then asks which version answers
 
 What the gateway says about itself is not evidence: the judge reads the service's execution journal (course
 code, kit.platform_service), the process tree (psutil: each service process's version from its environment),
@@ -26,8 +26,8 @@ import pytest
 from infracourse.grader import LabCheckFailed, serving
 from infracourse.kit import batching, platform_service as ps
 from infracourse.kit.threads import intra_op_threads
-from week21_judging import (DIAG_FAULTS, DROP_RATE, V2_FAULTS, Graded, Scenario, keep_phase, phase_capacity,
-                            phase_classes, phase_deploy, phase_recovery, read_capacity, run_scenario, short_scratch)
+from week21_judging import (BAD_VERSIONS, DIAG_FAULTS, DROP_RATE, Graded, Scenario, keep_phase, phase_capacity,
+                            phase_classes, phase_deploys, phase_recovery, read_capacity, run_scenario, short_scratch)
 
 
 @pytest.fixture(scope="session")
@@ -35,14 +35,20 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
     s = seed % 10_000
     scratch = short_scratch(tmp_path_factory, "gw")
     journal = scratch / "journal.jsonl"
-    v2_fault = V2_FAULTS[s % len(V2_FAULTS)]
-    platform = {"journal": str(journal), "seed": s, "faults": {"drop_rate": DROP_RATE}, "versions": {"v2": v2_fault}}
+    platform = {"journal": str(journal), "seed": s, "faults": {"drop_rate": DROP_RATE}, "versions": BAD_VERSIONS}
     env = {**ps.platform_config(device).to_env(), ps.PLATFORM_ENV: json.dumps(platform)}
     phases: dict[str, serving.Phase] = {}
     try:
         with serving.serve(learner.root, "gateway:app", scratch=scratch, env=env, ready_timeout_s=90,
                            device=device) as server:
             keep_phase(phases, "recovery", server, phase_recovery, s, journal)
+            gone = next((k for k in (phases["recovery"].data or {}).get("kills", ()) if "new" not in k), None)
+            if gone is not None:  # nothing serves: the other phases would only wait out their timeouts
+                failure = (f"the judge's phase could not run: no course service answered after the judge killed pid "
+                           f"{gone['victim']['pid']} (supervisor-restarts says why)")
+                for name in ("capacity", "classes", "deploy"):
+                    phases[name] = serving.Phase(failure=failure)
+                return Graded(s, device, journal, phases)
             try:
                 claimed = read_capacity(learner)
             except LabCheckFailed as exc:
@@ -50,7 +56,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
             else:
                 keep_phase(phases, "capacity", server, phase_capacity, s, claimed)
             keep_phase(phases, "classes", server, phase_classes, s)
-            keep_phase(phases, "deploy", server, phase_deploy, s)
+            keep_phase(phases, "deploy", server, phase_deploys, s)
     except LabCheckFailed as exc:
         message = str(exc)
         todo = list(dict.fromkeys(re.findall(r"^NotImplementedError: .*$", message, re.MULTILINE)))
@@ -59,7 +65,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
                        "handout)")
         for name in ("recovery", "capacity", "classes", "deploy"):
             phases.setdefault(name, serving.Phase(failure=message))
-    return Graded(s, device, journal, v2_fault, phases)
+    return Graded(s, device, journal, phases)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,13 @@
-"""Recovery: the service process is SIGKILLed under load; the gateway's supervisor brings a new one up, no
-request the judge sent is lost, and no request is executed twice (the service's own journal, course code)."""
+"""Recovery: the service process is SIGKILLed under load, and then the one that replaced it; the gateway's
+supervisor brings a new one up each time, no request the judge sent is lost, and no request is executed twice
+(the service's own journal, course code)."""
 from collections import Counter
 
 import pytest
 
 from infracourse.grader import LabCheckFailed
-from week21_judging import KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S, check_outputs
+from week21_judging import (AGAIN_AFTER_S, KILL_AT_S, RECOVERY_RATE, RECOVERY_REQUESTS, RESTART_WINDOW_S,
+                            check_outputs)
 
 CPU_READY_S = 20.0  # on a GPU machine the same bound: the service's start is an import and a tiny model
 
@@ -13,22 +15,33 @@ CPU_READY_S = 20.0  # on a GPU machine the same bound: the service's start is an
 @pytest.mark.check("supervisor-restarts")
 def test_service_restarted(graded, lab_check, record):
     r = graded.phases["recovery"].get()
-    kill, victim = r["kill"], r["victim"]
-    if "error" in kill:
-        raise LabCheckFailed(f"the judge could not kill the service process {victim['pid']}: {kill['error']}")
-    if "ready_s" not in kill:
-        raise LabCheckFailed(
-            f"the judge SIGKILLed the course service (pid {victim['pid']}, version {victim['version']}) "
-            f"{KILL_AT_S:g} s into a stream of requests; within {RESTART_WINDOW_S:g} s no new service process of "
-            "that version answered GET /health. A supervisor watches its child (await proc.wait()) and starts a "
-            "new one when it exits, whatever the exit code")
     bound = lab_check.threshold or CPU_READY_S
-    record("time to ready", kill["ready_s"], target=bound, unit="s")
-    if kill["ready_s"] > bound:
-        raise LabCheckFailed(
-            f"the new service answered /health {kill['ready_s']:.1f} s after the kill, at most {bound:g} s expected "
-            "(the judge's clock). Notice the exit at once (wait on the process, do not poll every few seconds) "
-            "and restart without a long back-off for the first failure")
+    when = (f"{KILL_AT_S:g} s into a stream of requests", f"{AGAIN_AFTER_S:g} s after it first answered /health")
+    for k, kill in enumerate(r["kills"]):
+        victim = kill["victim"]
+        which = (f"the {'first' if k == 0 else 'second'} time the judge SIGKILLed the course service (pid "
+                 f"{victim['pid']}, version {victim['version']}, {'the one your supervisor restarted, ' if k else ''}"
+                 f"{when[k]})")
+        if "error" in kill:
+            raise LabCheckFailed(f"{which}: the judge could not kill it: {kill['error']}")
+        if "ready_s" not in kill:
+            raise LabCheckFailed(
+                f"{which}: within {RESTART_WINDOW_S:g} s no new service process of that version answered GET "
+                "/health. A supervisor watches its child (await proc.wait()) and starts a new one whenever it "
+                "exits, whatever the exit code and however many times it has already restarted it"
+                + (": this one restarted the service once, not twice" if k else ""))
+        if k == 0:
+            record("time to ready", kill["ready_s"], target=bound, unit="s")
+            # the report's figure is held against this one, which a loaded machine does not stretch
+            record("time to ready at rest", kill.get("at_rest_s") or kill["ready_s"], unit="s")
+        if kill["ready_s"] > bound:
+            raise LabCheckFailed(
+                f"{which}: the new service answered /health {kill['ready_s']:.1f} s after the kill, at most "
+                f"{bound:g} s expected (the judge's clock). Notice the exit at once (wait on the process, do not "
+                "poll every few seconds) and restart without a long back-off")
+    if len(r["kills"]) != 2:
+        raise RuntimeError(f"the judge's recovery phase killed the service {len(r['kills'])} times, not 2: a course "
+                           "bug, not a fault of your gateway")
 
 
 @pytest.mark.check("no-request-lost")

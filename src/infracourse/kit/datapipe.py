@@ -131,6 +131,24 @@ def corrupt_shard(path: Path, seed: int) -> int:
     return int(offset)
 
 
+def rewrite_shard(spec: DatasetSpec, path: Path, seed: int) -> list[int]:
+    """Replace a shard file's samples with as many new ones (ids drawn from `seed`, none of the dataset's, their
+    payloads the seed's): same name, same size, same modification time, other bytes; data updated behind a
+    cache. Returns the new ids, in file order."""
+    path = Path(path)
+    stat = path.stat()
+    _, count, _ = HEADER.unpack_from(path.read_bytes())
+    taken, rng, ids = set(spec.reference_ids()), np.random.default_rng([spec.seed, seed, 29]), []
+    while len(ids) < count:
+        i = int(rng.integers(10 ** 9, 2 * 10 ** 9))  # above every id the seed draws for a dataset
+        if i not in taken:
+            taken.add(i)
+            ids.append(i)
+    path.write_bytes(encode_shard(spec, ids))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return ids
+
+
 def ids_digest(ids) -> str:
     """sha256 of a sequence of sample ids (as int64): an epoch's order in 64 characters."""
     return hashlib.sha256(np.asarray(list(ids), "<i8").tobytes()).hexdigest()
@@ -271,9 +289,10 @@ class DriverRun:
         return next((t for t, line in self.lines if key in line), None)
 
 
-def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 60) -> DriverRun:
+def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 60, on_line=None) -> DriverRun:
     """Run one task (see `_TASKS`) on the learner's pipeline, confined (infracourse.launch); its lines are
-    stamped with time.perf_counter() here, as they arrive."""
+    stamped with time.perf_counter() here, as they arrive, and each is given to `on_line` then (the judge acts
+    between the driver's steps: the epochs task waits for it)."""
     import subprocess
 
     from infracourse import launch  # why: the judge's half; the driver half runs confined and starts nothing
@@ -300,6 +319,8 @@ def run_driver(task: dict, *, snapshot: Path, scratch: Path, timeout_s: float = 
                     line = json.loads(text[len(MARK):])
                     if isinstance(line, dict):
                         lines.append((time.perf_counter(), line))
+                        if on_line is not None:
+                            on_line(line)
     except output.OutputCut:
         cut = True  # its session is killed
     proc.wait()  # the timer still runs: a driver that closed its stdout and went on is killed at the limit
@@ -386,6 +407,41 @@ def _task_resume(task, spec):
         _emit(case=k, batches=_epoch(pipe, spec))
 
 
+def _task_epochs(task, spec):
+    """Epochs of one configuration in this one process, each a new make_pipeline, every payload checked. After
+    each epoch's line the driver waits (at most `wait_s`) for the judge's file `go-<k>`, written once the judge
+    has changed the data behind the storage; a `build` in it asks for a new manifest from the learner's
+    build_manifest, through the second storage `manifest_socket` (so the pipeline's reads stay apart)."""
+    import manifest as learner_manifest
+
+    current = task["manifest"]
+    for k, epoch in enumerate(task["epochs"]):
+        if k:
+            go, deadline = Path(f"{task['go']}-{k}"), time.monotonic() + task.get("wait_s", 30)
+            while not go.exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the judge's signal {go.name} never came")
+                time.sleep(0.005)
+            if json.loads(go.read_text()).get("build"):
+                current = json.loads(json.dumps(learner_manifest.build_manifest(Storage(task["manifest_socket"]))))
+                _emit(manifest=current, before=epoch)
+        ids, wait = [], 0.0
+        try:
+            it = iter(_pipe(task | {"manifest": current}, dict(task["cfg"], epoch=epoch)))
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                wait += time.perf_counter() - t0
+                ids += _check_batch(batch, spec, 1)
+        except ShardChanged as exc:
+            _emit(epoch=epoch, shard_changed=str(exc.name), ids=ids, wait_s=wait)
+            continue
+        _emit(epoch=epoch, ids=ids, wait_s=wait)
+
+
 def _task_timed(task, spec):
     """One epoch, each batch followed by `compute_s` of sleep (a training step that leaves the CPU free)."""
     if task.get("reference"):
@@ -441,7 +497,7 @@ def _task_stream(task, spec):
 
 
 _TASKS = {"manifest": _task_manifest, "ids": _task_ids, "checkpoint": _task_checkpoint, "resume": _task_resume,
-          "timed": _task_timed, "stream": _task_stream}
+          "timed": _task_timed, "stream": _task_stream, "epochs": _task_epochs}
 
 
 def main(path: str) -> int:
