@@ -210,3 +210,20 @@ def test_each_solution_report_in_other_words_passes(lab, tmp_path, machine):
     stamp_environment(path, machine)
     blocked = {f.check: "blocked" for f in spec.figures if f.check}
     check_report(path, spec, machine, template=lab / "starter" / spec.file, statuses=blocked)
+
+
+def test_a_json_figure_is_read_or_refused_naming_file_key_and_fix(tmp_path):
+    from infracourse.grading.report_check import read_json_figure
+
+    path = tmp_path / "capacity.json"
+    read = lambda: read_json_figure(path, "rate", made_by="run sweep.py", meaning="a rate in requests per second",
+                                    high=1000)
+    with pytest.raises(LabCheckFailed, match="capacity.json is missing: run sweep.py"):
+        read()
+    for text, says in (("{", "not JSON"), ('{"rate": true}', "must hold rate"), ('{"rate": 0}', "got 0"),
+                       ('{"rate": 5000}', "got 5000"), ("[1]", "got None")):
+        path.write_text(text)
+        with pytest.raises(LabCheckFailed, match=says):
+            read()
+    path.write_text('{"rate": 12.5}')
+    assert read() == 12.5

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from infracourse.grader import LabCheckFailed, serving
+from infracourse.grader import LabCheckFailed, read_json_figure, serving
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import RequestRecord, arrival_offsets, compute_metrics, request_matrix, send_completion
 
@@ -206,20 +206,11 @@ def phase_recovery(server: serving.Server, seed: int, journal: Path) -> dict:
 
 
 def read_capacity(learner) -> float:
-    path = learner.path("capacity.json")
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LabCheckFailed("capacity.json is missing: run `python sweep.py`, which serves your gateway, floods it "
-                             "with batch requests and sweeps interactive arrival rates, and writes the highest rate "
-                             "at which 99 % of interactive requests meet the SLO") from None
-    except ValueError as exc:
-        raise LabCheckFailed(f"capacity.json is not JSON: {exc}") from None
-    rate = data.get("interactive_capacity_requests_per_s") if isinstance(data, dict) else None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1000:
-        raise LabCheckFailed("capacity.json must hold interactive_capacity_requests_per_s, a rate > 0 in requests "
-                             f"per second; got {rate!r}")
-    return float(rate)
+    return read_json_figure(learner.path("capacity.json"), "interactive_capacity_requests_per_s", high=1000,
+                            meaning="a rate in requests per second",
+                            made_by="run `python sweep.py`, which serves your gateway, floods it with batch requests "
+                                    "and sweeps interactive arrival rates, and writes the highest rate at which 99 % of "
+                                    "interactive requests meet the SLO")
 
 
 def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:

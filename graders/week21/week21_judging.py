@@ -15,7 +15,7 @@ import psutil
 
 import torch
 
-from infracourse.grader import LabCheckFailed, serving
+from infracourse.grader import LabCheckFailed, read_json_figure, serving
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import compute_metrics, request_matrix
 
@@ -163,20 +163,11 @@ def restart_at_rest(kill: dict) -> float | None:
 
 
 def read_capacity(learner) -> float:
-    path = learner.path("capacity.json")
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LabCheckFailed("capacity.json is missing: run `python sweep.py`, which serves your gateway, sweeps "
-                             "arrival rates of the capacity workload and writes the highest rate that keeps 99 % "
-                             "of requests within the SLO") from None
-    except ValueError as exc:
-        raise LabCheckFailed(f"capacity.json is not JSON: {exc}") from None
-    rate = data.get("capacity_requests_per_s") if isinstance(data, dict) else None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1000:
-        raise LabCheckFailed(f"capacity.json must hold capacity_requests_per_s, a rate > 0 in requests per second; "
-                             f"got {rate!r}")
-    return float(rate)
+    return read_json_figure(learner.path("capacity.json"), "capacity_requests_per_s", high=1000,
+                            meaning="a rate in requests per second",
+                            made_by="run `python sweep.py`, which serves your gateway, sweeps arrival rates of the "
+                                    "capacity workload and writes the highest rate that keeps 99 % of requests within "
+                                    "the SLO")
 
 
 def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:

@@ -36,6 +36,23 @@ from infracourse.syllabus import Report, ReportFigure
 FIGURES_BLOCK = re.compile(r"^```[ \t]*(?:ya?ml[ \t]+)?figures[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
+def read_json_figure(path: Path, key: str, *, made_by: str, meaning: str, high: float) -> float:
+    """The number under `key` of a JSON file the learner's own run wrote (e.g. capacity.json), in (0, high);
+    fails naming the file, the key and how the file is made (`made_by`) when it is missing or not such a number."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LabCheckFailed(f"{path.name} is missing: {made_by}") from None
+    except ValueError as exc:
+        raise LabCheckFailed(f"{path.name} is not JSON: {exc}") from None
+    value = data.get(key) if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < high:
+        raise LabCheckFailed(f"{path.name} must hold {key}, {meaning} > 0; got {value!r}")
+    return float(value)
+
+
 def read_figures(text: str, name: str) -> dict[str, float]:
     """The numbers of the report's figures block; fails, naming the fix, if it is missing or not numbers."""
     blocks = FIGURES_BLOCK.findall(text)
