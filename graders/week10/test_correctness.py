@@ -137,7 +137,7 @@ def _backward_node(learner, rms, x, weight, what):
 def check_watched_backward(rms, learner, x, weight, dy, reference, what, require_kernel=False):
     """Run the learner's backward itself under watch (poisoned outputs, recorded ops) and check its grads."""
     node = _backward_node(learner, rms, x, weight, f"rms_norm's output for {what}")
-    grads = run_watched(node.backward, dy, name="rms_norm's backward", require_kernel=require_kernel,
+    grads = run_watched(node.backward, dy, name=f"rms_norm's backward for {what}", require_kernel=require_kernel,
                         replaces="torch ops for the gradient arithmetic (mul, sum, mean, ...)")
     if not isinstance(grads, tuple) or len(grads) < 2:
         raise LabCheckFailed(f"your backward returned {type(grads).__name__}; return (dx, dw, None): one gradient "
@@ -160,13 +160,31 @@ def test_masks(rms, learner, device, reference):
             check_watched_backward(rms, learner, x, weight, dy, reference, what)
 
 
+def _watched_cases(device):
+    """(what, x, weight, dy) for kernel-did-work: three cases that differ from one another in every property a
+    route could be chosen by (rows, hidden size, power of two or not, dtype, 2-D or 3-D, contiguous x and dy),
+    so code that launches its kernels only at what one case looks like and uses torch ops elsewhere fails."""
+    x, weight = make_inputs((16, 96), torch.float32, device)
+    yield "x (16, 96) fp32", x, weight, torch.randn(16, 96, device=device)
+    x, weight = make_inputs((3, 5, 257), torch.float16, device)
+    yield "x (3, 5, 257) fp16", x, weight, torch.randn(3, 5, 257, device=device).to(torch.float16)
+    base = (torch.randn(37, 140, device=device) * SCALE).to(torch.bfloat16)
+    weight = (1 + 0.5 * torch.randn(129, device=device)).to(torch.bfloat16)
+    dy = torch.randn(129, 37, device=device).to(torch.bfloat16).t()
+    yield "a sliced x (37, 129) bf16 (row stride 140) and a transposed dy", base[:, 5:134], weight, dy
+
+
 @pytest.mark.check("kernel-did-work")
 def test_kernel_did_work(rms, learner, device, reference):
-    x, weight = make_inputs((16, 96), torch.float32, device)
-    run_watched(rms.rms_norm, x.requires_grad_(), weight.requires_grad_(), name="rms_norm",
-                replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
-    check_watched_backward(rms, learner, x, weight, torch.randn(16, 96, device=device), reference,
-                           "x (16, 96) fp32", require_kernel=True)
+    for what, x, weight, dy in _watched_cases(device):
+        run_watched(rms.rms_norm, x.detach().requires_grad_(), weight.detach().requires_grad_(),
+                    name=f"rms_norm for {what}",
+                    replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
+        # The backward is watched with an fp32 weight (mixed precision, as forward-correct grades it): dw then
+        # needs no cast, and a dw accumulated in fp32 and returned as .to(weight.dtype) (a copy the worker's
+        # record does not trace to the kernel that wrote it) is no failure of data flow.
+        check_watched_backward(rms, learner, x, weight.float(), dy, reference, f"{what} with an fp32 weight",
+                               require_kernel=True)
     require_own_kernel(rms.rms_norm, backward=True)  # the judge's reading: forward and backward launch kernels
 
 
