@@ -59,6 +59,9 @@ VARIANTS = {
     "dw summed with torch": ("kernel-did-work", replace_once(
         "        _column_sum_kernel[(triton.cdiv(n, 64),)](partial, dw, programs, n, BLOCK_ROWS=32, BLOCK_COLS=64)",
         "        dw.copy_(partial.sum(0))")),
+    # class 7: dw's running sum over rows kept in the input dtype: right for a few rows, wrong for many
+    "dw summed over rows in fp16/bf16": ("backward-correct", replace_once(
+        "        dw += dy * x_hat\n", "        dw = (dw + dy * x_hat).to(dx_ptr.dtype.element_ty).to(tl.float32)\n")),
     # class 7: the kernels run only at what the grader watched once (x (16, 96) fp32); torch ops everywhere else
     "backward in torch off the watched shape": ("kernel-did-work", lambda text: torch_backward_unless(
         "tuple(dy.shape) == (16, 96)", text)),

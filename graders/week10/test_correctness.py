@@ -97,6 +97,32 @@ def test_backward_correct(rms, device, seed, reference):
         dy = torch.randn(rows, cols, device=device).to(dtype)
         check_backward(rms, x, weight, dy, reference, f"x ({rows}, {cols}) {dtype_name(dtype)}: dw sums all {rows} rows "
                        f"(seed {seed})")
+    for dtype in (torch.float16, torch.bfloat16):
+        x, weight, dy = tall_half_inputs(dtype, device)
+        check_backward(rms, x, weight, dy, reference,
+                       f"x {tuple(x.shape)} {dtype_name(dtype)} where every {SUM_PERIOD}th row of dy is 1 and the rest "
+                       f"are below half a {dtype_name(dtype)} step of 1 (dw's sums over rows must be kept in fp32)")
+
+
+SUM_PERIOD, TALL_ROWS = 128, 512
+
+
+def tall_half_inputs(dtype, device):
+    """Inputs on which dw = sum over rows of dy * x_hat is lost when the running sum is kept in fp16/bf16, by
+    construction (no seed decides it): x is ±SCALE, so x_hat is ±1; each row's dy * x_hat is 1 on every
+    SUM_PERIOD-th row and 0.9 x half the dtype's step at 1 elsewhere. Added to a running sum of 1 or more in the
+    input dtype, each small term rounds away (5 % of dw in fp16, 31 % in bf16, against a 0.8 % and 4 %
+    tolerance); in fp32 every one counts. TALL_ROWS: four periods, so a sum over all rows (one program, or
+    atomics in row order) and each of the 4 runs of rows the reference's programs take on a CPU start at a row
+    of 1, and every small term is lost (fewer rows: fewer runs hold a row of 1, and less of dw is lost)."""
+    cols = 8
+    sign = torch.where(torch.rand(TALL_ROWS, cols, device=device) < 0.5, -1.0, 1.0)
+    x = (sign * SCALE).to(dtype)
+    small = 0.9 * torch.finfo(dtype).eps / 2
+    size = torch.full((TALL_ROWS, 1), small, device=device)
+    size[::SUM_PERIOD] = 1.0
+    weight = (1 + 0.5 * torch.randn(cols, device=device)).to(dtype)
+    return x, weight, (sign * size).to(dtype)
 
 
 @pytest.mark.check("edge-inputs")
