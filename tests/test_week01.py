@@ -63,6 +63,9 @@ VARIANTS = {
     "sync skipped on every third call": ("sync-thread", HARNESS, replace_once(
         "        fn(*args)\n        sync()  # an asynchronous call returns before its work is done: wait before "
         "reading the clock\n", "        fn(*args)\n        if len(samples) % 3:\n            sync()\n")),
+    # class 7: no sync before the clock starts: the first sample also waits for the warm-up calls' queued work
+    "no sync before the clock": ("sync-thread", HARNESS, replace_once(
+        "        sync()  # work queued earlier (warm-up, make_args) must not finish inside this sample\n", "")),
     # class 1: figures returned without measuring (plausible on this machine, but not measured in the call)
     "hard-coded overhead": ("overhead", BENCHMARK, replace_once(
         '    """Nanoseconds per element of a Python loop and of torch.sum over the same n floats (medians)."""\n',

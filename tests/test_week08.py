@@ -37,9 +37,24 @@ def test_cuda_route_solution(grade_lab, machine):
     for check_id in ("correct", "long-rows", "stability", "noncontiguous", "masks"):
         assert checks[check_id].status == "blocked", (check_id, checks[check_id].message)
         assert "CUDA C++ route" in checks[check_id].message
-    expected = "passed" if shutil.which("nvcc") else "blocked"
-    assert checks["kernel-did-work"].status == expected, checks["kernel-did-work"].message
-    assert result.complete and not result.verified_on_gpu  # all it could run here passed; the GPU is owed
+    # the compile check passes (with nvcc) yet no answer of the learner's kernel was checked here: blocked, and
+    # the week is not complete on a CPU (a compile check is no correctness check)
+    assert checks["kernel-did-work"].status == "blocked", checks["kernel-did-work"].message
+    if shutil.which("nvcc"):
+        assert "compiles with nvcc" in checks["kernel-did-work"].message, checks["kernel-did-work"].message
+    assert not result.complete and not result.verified_on_gpu
+    assert not any(c.status == "passed" and c.kind == "correctness" for c in result.checks)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU the kernel route is taken and graded")
+def test_a_torch_fallback_off_the_gpu_is_not_complete_on_a_cpu(grade_lab):
+    """A route no CPU check can run: the kernel only where x.is_cuda, torch.softmax elsewhere. Its answers are
+    right, so the answer checks pass here; kernel-did-work must fail, or the week reads complete on a machine
+    where the learner's kernel never ran."""
+    fallback = replace_once("    if BACKEND == \"cuda\":\n", "    if not x.is_cuda:\n        return torch.softmax(x, dim=-1)\n"
+                            "    if BACKEND == \"cuda\":\n")
+    check = assert_variant_fails(grade_lab, "week08", "kernel-did-work", {"softmax.py": fallback})
+    assert "torch compute ops" in check.message and "softmax" in check.message, check.message
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="compile-checking the CUDA route needs nvcc")

@@ -30,6 +30,18 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
 
 
 BACKWARD_DX = "dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))"
+
+
+def torch_backward_unless(watched: str, text: str) -> str:
+    """The solution whose backward computes dx and dw with torch ops except when `watched` holds."""
+    return replace_once(
+        "        dy2 = _rows(dy)\n",
+        "        dy2 = _rows(dy)\n"
+        f"        if not ({watched}):\n"
+        "            x_hat = x2.float() * rstd[:, None]\n"
+        "            g = dy2.float() * weight.float()\n"
+        "            dx = rstd[:, None] * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))\n"
+        "            return dx.to(x2.dtype).view(ctx.shape), (dy2.float() * x_hat).sum(0).to(weight.dtype), None\n")(text)
 VARIANTS = {
     # dx through the direct path only: the path through rstd (the mean term) is forgotten
     "gradient without the mean term": ("backward-correct", replace_once(BACKWARD_DX, "dx = rstd * g")),
@@ -47,6 +59,24 @@ VARIANTS = {
     "dw summed with torch": ("kernel-did-work", replace_once(
         "        _column_sum_kernel[(triton.cdiv(n, 64),)](partial, dw, programs, n, BLOCK_ROWS=32, BLOCK_COLS=64)",
         "        dw.copy_(partial.sum(0))")),
+    # class 7: dw's running sum over rows kept in the input dtype: right for a few rows, wrong for many
+    "dw summed over rows in fp16/bf16": ("backward-correct", replace_once(
+        "        dw += dy * x_hat\n", "        dw = (dw + dy * x_hat).to(dx_ptr.dtype.element_ty).to(tl.float32)\n")),
+    # class 7: the kernels run only at what the grader watched once (x (16, 96) fp32); torch ops everywhere else
+    "backward in torch off the watched shape": ("kernel-did-work", lambda text: torch_backward_unless(
+        "tuple(dy.shape) == (16, 96)", text)),
+    "backward in torch off fp32": ("kernel-did-work", lambda text: torch_backward_unless(
+        "dy.dtype == torch.float32", text)),
+    "backward in torch off a contiguous dy": ("kernel-did-work", lambda text: torch_backward_unless(
+        "dy.is_contiguous()", text)),
+    "forward in torch off the watched width": ("kernel-did-work", replace_once(
+        "        x2, weight = _rows(x), weight.contiguous()",
+        "        if x.shape[-1] != 96:\n"
+        "            ctx.save_for_backward(_rows(x), weight, torch.rsqrt(_rows(x).float().pow(2).mean(-1) + eps))\n"
+        "            ctx.shape = x.shape\n"
+        "            return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)"
+        " * weight.float()).to(x.dtype)\n"
+        "        x2, weight = _rows(x), weight.contiguous()")),
     # the row's tail lanes load past the row's end (the next row, or past the tensor)
     "no mask on the forward load": ("masks", replace_once(
         "x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)\n"

@@ -4,7 +4,8 @@ Triton route: a Triton kernel launched and no torch op computed (guard.run_watch
 CUDA C++ route on a GPU: no torch op computed (a watched call in the worker), and a __global__ function of
 softmax_cuda.cu ran (the profiler, run in the worker around the learner's call: kit.probes).
 CUDA C++ route on a CPU: softmax_cuda.cu compiles with nvcc, as torch.utils.cpp_extension would compile its
-kernel part, and the compiled kernel loads, exponentiates and stores; blocked where there is no nvcc. nvcc
+kernel part, and the compiled kernel loads, exponentiates and stores; failed when it does not, and blocked when it
+does (or where there is no nvcc): no answer of the kernel was checked here, so the week is not complete on a CPU. nvcc
 runs in the worker too: compiling the learner's source is running their build, which stays in the sandbox.
 Either route passes only when the judge's own reading of the learner's files (grading.provenance) finds no
 construct that reaches the worker's records, and, on the Triton route, softmax reaching a kernel launch.
@@ -32,6 +33,12 @@ def test_kernel_did_work(module, route, device, learner):
         _compile_check(learner)
     if route == "cuda":  # the worker's records and probes pass only with the judge's reading of the files
         require_clean_sources(learner.root)
+    if route == "cuda" and device != "cuda":
+        # A compile check is no check of the answers: with every answer check blocked here, a pass would let the
+        # week read complete on a machine where the learner's kernel never ran once (results.GradeResult.complete).
+        blocked("softmax_cuda.cu compiles with nvcc and its kernel loads, exponentiates and stores, but the CUDA "
+                "C++ route (BACKEND = \"cuda\") runs only on a CUDA GPU: that its answers come from your kernel is "
+                "checked there. To be graded on this machine, take the Triton route (BACKEND = \"triton\").")
 
 
 def _global_functions(source: str) -> set[str]:

@@ -97,6 +97,32 @@ def test_backward_correct(rms, device, seed, reference):
         dy = torch.randn(rows, cols, device=device).to(dtype)
         check_backward(rms, x, weight, dy, reference, f"x ({rows}, {cols}) {dtype_name(dtype)}: dw sums all {rows} rows "
                        f"(seed {seed})")
+    for dtype in (torch.float16, torch.bfloat16):
+        x, weight, dy = tall_half_inputs(dtype, device)
+        check_backward(rms, x, weight, dy, reference,
+                       f"x {tuple(x.shape)} {dtype_name(dtype)} where every {SUM_PERIOD}th row of dy is 1 and the rest "
+                       f"are below half a {dtype_name(dtype)} step of 1 (dw's sums over rows must be kept in fp32)")
+
+
+SUM_PERIOD, TALL_ROWS = 128, 512
+
+
+def tall_half_inputs(dtype, device):
+    """Inputs on which dw = sum over rows of dy * x_hat is lost when the running sum is kept in fp16/bf16, by
+    construction (no seed decides it): x is ±SCALE, so x_hat is ±1; each row's dy * x_hat is 1 on every
+    SUM_PERIOD-th row and 0.9 x half the dtype's step at 1 elsewhere. Added to a running sum of 1 or more in the
+    input dtype, each small term rounds away (5 % of dw in fp16, 31 % in bf16, against a 0.8 % and 4 %
+    tolerance); in fp32 every one counts. TALL_ROWS: four periods, so a sum over all rows (one program, or
+    atomics in row order) and each of the 4 runs of rows the reference's programs take on a CPU start at a row
+    of 1, and every small term is lost (fewer rows: fewer runs hold a row of 1, and less of dw is lost)."""
+    cols = 8
+    sign = torch.where(torch.rand(TALL_ROWS, cols, device=device) < 0.5, -1.0, 1.0)
+    x = (sign * SCALE).to(dtype)
+    small = 0.9 * torch.finfo(dtype).eps / 2
+    size = torch.full((TALL_ROWS, 1), small, device=device)
+    size[::SUM_PERIOD] = 1.0
+    weight = (1 + 0.5 * torch.randn(cols, device=device)).to(dtype)
+    return x, weight, (sign * size).to(dtype)
 
 
 @pytest.mark.check("edge-inputs")
@@ -137,7 +163,7 @@ def _backward_node(learner, rms, x, weight, what):
 def check_watched_backward(rms, learner, x, weight, dy, reference, what, require_kernel=False):
     """Run the learner's backward itself under watch (poisoned outputs, recorded ops) and check its grads."""
     node = _backward_node(learner, rms, x, weight, f"rms_norm's output for {what}")
-    grads = run_watched(node.backward, dy, name="rms_norm's backward", require_kernel=require_kernel,
+    grads = run_watched(node.backward, dy, name=f"rms_norm's backward for {what}", require_kernel=require_kernel,
                         replaces="torch ops for the gradient arithmetic (mul, sum, mean, ...)")
     if not isinstance(grads, tuple) or len(grads) < 2:
         raise LabCheckFailed(f"your backward returned {type(grads).__name__}; return (dx, dw, None): one gradient "
@@ -160,13 +186,31 @@ def test_masks(rms, learner, device, reference):
             check_watched_backward(rms, learner, x, weight, dy, reference, what)
 
 
+def _watched_cases(device):
+    """(what, x, weight, dy) for kernel-did-work: three cases that differ from one another in every property a
+    route could be chosen by (rows, hidden size, power of two or not, dtype, 2-D or 3-D, contiguous x and dy),
+    so code that launches its kernels only at what one case looks like and uses torch ops elsewhere fails."""
+    x, weight = make_inputs((16, 96), torch.float32, device)
+    yield "x (16, 96) fp32", x, weight, torch.randn(16, 96, device=device)
+    x, weight = make_inputs((3, 5, 257), torch.float16, device)
+    yield "x (3, 5, 257) fp16", x, weight, torch.randn(3, 5, 257, device=device).to(torch.float16)
+    base = (torch.randn(37, 140, device=device) * SCALE).to(torch.bfloat16)
+    weight = (1 + 0.5 * torch.randn(129, device=device)).to(torch.bfloat16)
+    dy = torch.randn(129, 37, device=device).to(torch.bfloat16).t()
+    yield "a sliced x (37, 129) bf16 (row stride 140) and a transposed dy", base[:, 5:134], weight, dy
+
+
 @pytest.mark.check("kernel-did-work")
 def test_kernel_did_work(rms, learner, device, reference):
-    x, weight = make_inputs((16, 96), torch.float32, device)
-    run_watched(rms.rms_norm, x.requires_grad_(), weight.requires_grad_(), name="rms_norm",
-                replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
-    check_watched_backward(rms, learner, x, weight, torch.randn(16, 96, device=device), reference,
-                           "x (16, 96) fp32", require_kernel=True)
+    for what, x, weight, dy in _watched_cases(device):
+        run_watched(rms.rms_norm, x.detach().requires_grad_(), weight.detach().requires_grad_(),
+                    name=f"rms_norm for {what}",
+                    replaces="torch ops for the arithmetic (pow, mean, rsqrt, mul) or F.rms_norm")
+        # The backward is watched with an fp32 weight (mixed precision, as forward-correct grades it): dw then
+        # needs no cast, and a dw accumulated in fp32 and returned as .to(weight.dtype) (a copy the worker's
+        # record does not trace to the kernel that wrote it) is no failure of data flow.
+        check_watched_backward(rms, learner, x, weight.float(), dy, reference, f"{what} with an fp32 weight",
+                               require_kernel=True)
     require_own_kernel(rms.rms_norm, backward=True)  # the judge's reading: forward and backward launch kernels
 
 
