@@ -128,11 +128,11 @@ def test_sync_asynchronous_work(harness, slack, record):
     # One sample, not the median: only the first timed call finds the warm-up jobs still queued. Without a sync
     # before its clock starts it holds all 6 jobs (180 ms); the ceiling sits halfway, 75 ms above one job, for
     # a call delayed by a loaded machine.
+    # Only the first sample is held to it: a later one delayed by other load must not fail an honest harness.
     ceiling = job * (1 + QUEUED_WARMUP / 2)
-    if max(samples) > ceiling:
-        i = samples.index(max(samples))
+    if samples[0] > ceiling:
         raise LabCheckFailed(
-            f"sample {i} took {samples[i] * 1e3:.1f} ms, and its call queued one {job * 1e3:.1f} ms job (at most "
+            f"sample 0 took {samples[0] * 1e3:.1f} ms, and its call queued one {job * 1e3:.1f} ms job (at most "
             f"{ceiling * 1e3:.0f} ms allowed): the {QUEUED_WARMUP} warm-up calls' jobs were still running when its "
             "clock started. Call sync() before starting the clock (once after the warm-up calls at least), so "
             "work queued earlier finishes outside the timed region.")
