@@ -21,7 +21,8 @@ TIMED = [4 * kit.KIB, 64 * kit.KIB, 1 * MIB, 2 * MIB, 4 * MIB]  # the grader's r
 BANDWIDTH_BOUND = [1 * MIB, 2 * MIB, 4 * MIB]                  # compared with sweep.csv
 SWEEP = [2 ** k for k in range(10, 23)]                        # 1 KiB .. 4 MiB: what sweep.csv must hold
 SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 20, 3.0
-RATIO_FACTOR = 1.5    # sweep.csv's ring/library time ratio against the grader's (both timed in turns)
+RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's (both timed in turns): honest
+# sweeps and grades on 2 cores at loads 3 to 16 gave 2.2x-2.96x, at most 1.33x apart; a 3x-off ring stays >= 2.25x off
 LIBRARY_FACTOR = 4.0  # sweep.csv's fastest library call against the grader's: the loose absolute sanity bound
 PRECISION_OR_OFFSETS = ("Whole elements wrong (or missing) point at block offsets for sizes not divisible by the "
                         "world; small errors on every element at lost precision: add in the tensor's own dtype and "
@@ -244,8 +245,8 @@ def test_all_reduce_is_rs_ag(launches, record):
 # in the sweep. So sweep.py and the grader both time the ring in turns with the library's dist.all_reduce (the
 # control, same tensor, same barrier, call by call), and what is compared is the ring's time OVER the library's:
 # load slows both. The statistic is the total time of the ring's calls at the bandwidth-bound sizes over the
-# library's (per-size means, summed): medians of 25 calls still swung 1.9x between runs at load 10 on 2 cores,
-# these totals 1.1x. The absolute times get a loose sanity bound only, on the least load-sensitive figure (the
+# library's (per-size means, summed): between runs at load 10 on 2 cores the ratio of medians of 25 calls swung
+# 1.35x, this one 1.08x. The absolute times get a loose sanity bound only, on the least load-sensitive figure (the
 # library's fastest call: the same code in both).
 def _sweep(learner):
     path = learner.path("sweep.csv")
