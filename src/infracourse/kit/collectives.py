@@ -10,7 +10,8 @@ Rank side: `grade_rank` is started by grading.torchrun (module `infracourse.kit.
 `infracourse.kit.dist_probes`; it imports the learner's `collectives.py`, calls each function on the judge's
 cases inside a probe scope, notes the order in which ring_all_reduce calls ring_reduce_scatter and
 ring_all_gather, times ring_all_reduce at a few sizes in turns with the library's all_reduce (the control; a
-barrier, then this rank's clock around one call) and returns everything. All of it is evidence: the learner's code shares the process.
+barrier, then this rank's clock around one call) and returns everything. All of it is evidence: the learner's
+code shares the process.
 """
 from __future__ import annotations
 
