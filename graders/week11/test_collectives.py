@@ -21,8 +21,9 @@ TIMED = [4 * kit.KIB, 64 * kit.KIB, 1 * MIB, 2 * MIB, 4 * MIB]  # the grader's r
 BANDWIDTH_BOUND = [1 * MIB, 2 * MIB, 4 * MIB]                  # compared with sweep.csv
 SWEEP = [2 ** k for k in range(10, 23)]                        # 1 KiB .. 4 MiB: what sweep.csv must hold
 SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 20, 3.0
-RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's (both timed in turns): honest
-# sweeps and grades on 2 cores at loads 3 to 16 gave 2.2x-2.96x, at most 1.33x apart; a 3x-off ring stays >= 2.25x off
+RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's (both timed in turns): the
+# reference's shipped CSVs (2.92, 2.71) graded 3 at once on 2 cores came 1.12x-1.40x from the grade's (1.94-2.60); a
+# ring 3x off stays >= 2.1x off. 1.75 sits between the two (geometric middle)
 LIBRARY_FACTOR = 4.0  # sweep.csv's fastest library call against the grader's: the loose absolute sanity bound
 PRECISION_OR_OFFSETS = ("Whole elements wrong (or missing) point at block offsets for sizes not divisible by the "
                         "world; small errors on every element at lost precision: add in the tensor's own dtype and "
