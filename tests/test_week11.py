@@ -22,8 +22,8 @@ SOLUTION = Path(__file__).parent.parent / "labs" / "week11-collectives" / "solut
 def fresh_sweep(source: Path) -> dict:
     """Edits that do what a learner does before grading: run `source`'s sweep.py (with its collectives.py) on
     this machine now, submit the sweep.csv it wrote and copy the figures it implies into report.md. The shipped
-    sweep.csv was recorded at another load; the grader's re-measure is held to the CSV within 3x, which only a
-    sweep run under the same load as the grade can promise on a shared 2-core machine."""
+    sweep.csv was recorded at another load: its ring/library ratio still holds, but the fastest library call it
+    holds is only bounded within 4x of the grade's, which a sweep run under the grade's load keeps clear of."""
     import shutil
     import subprocess
     import sys
@@ -39,7 +39,7 @@ def fresh_sweep(source: Path) -> dict:
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     "sweep.py"], cwd=work, env=env, check=True, capture_output=True, timeout=300)
     csv_text = (work / "sweep.csv").read_text()
-    rows = kit.read_sweep(work / "sweep.csv")
+    rows = [r for r in kit.read_sweep(work / "sweep.csv") if r["impl"] == "ring"]
     sizes, seconds = [r["bytes"] for r in rows], [r["seconds"] for r in rows]
     alpha, beta = kit.fit_alpha_beta(sizes, seconds)
     t = kit.medians(sizes, seconds)[kit.MIB * 4]
@@ -109,14 +109,35 @@ def test_report_in_other_words_passes(grade_lab):
     assert checks["report"].status == "passed", checks["report"].message
 
 
-def _fabricated(text: str) -> str:
-    """Every time of sweep.csv divided by 10: a sweep that was never run with this code on this machine."""
-    lines = text.splitlines()
-    out = [lines[0]]
-    for line in lines[1:]:
-        *head, seconds = line.split(",")
-        out.append(",".join([*head, repr(float(seconds) / 10)]))
-    return "\n".join(out) + "\n"
+def _scaled(factor: float, impl: str | None = None):
+    """Every time of sweep.csv (of `impl`'s rows only, if given) multiplied by `factor`."""
+    def _edit(text: str) -> str:
+        lines = text.splitlines()
+        column = lines[0].split(",").index("impl")
+        out = [lines[0]]
+        for line in lines[1:]:
+            *head, seconds = line.split(",")
+            if impl is None or head[column] == impl:
+                seconds = repr(float(seconds) * factor)
+            out.append(",".join([*head, seconds]))
+        return "\n".join(out) + "\n"
+
+    return _edit
+
+
+def _means_only(text: str) -> str:
+    """One row per size and impl holding the mean: what a sweep that averages before writing submits."""
+    import csv
+    import io
+    import statistics
+
+    rows = list(csv.DictReader(io.StringIO(text)))
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["world_size"], r["impl"], r["bytes"]), []).append(float(r["seconds"]))
+    lines = ["world_size,impl,bytes,rep,seconds"]
+    lines += [f"{w},{impl},{b},0,{statistics.fmean(ts)!r}" for (w, impl, b), ts in groups.items()]
+    return "\n".join(lines) + "\n"
 
 
 COLLECTIVES, REPORT = "collectives.py", "report.md"
@@ -139,8 +160,16 @@ VARIANTS = {
         "    acc = x.detach().clone()\n", "    acc = x.detach()  # no copy: the sums build up in x itself\n")),
     # busbw invented: the all-reduce factor taken as 2 instead of 2(N-1)/N
     "busbw with the wrong factor": ("report", REPORT, invented("busbw_gbps", 2.0)),
-    # a sweep.csv whose times were made up (10x faster than this code runs here)
-    "fabricated sweep.csv": ("sweep-remeasured", "sweep.csv", _fabricated),
+    # a sweep.csv whose times were made up (10x faster than this code runs here): the ring/library ratio holds,
+    # the library's fastest call is 10x off the grader's (allowed 4x)
+    "fabricated sweep.csv": ("sweep-remeasured", "sweep.csv", _scaled(0.1)),
+    # the ring's rows 3x slower than what ran (a CSV from a slower collectives.py): its ratio to the library's
+    # rows, timed in turns with it, is 3x off the grader's (allowed 1.75x) at any load
+    "ring rows scaled by 3x": ("sweep-remeasured", "sweep.csv", _scaled(3.0, "ring")),
+    # ... and 3x faster: a CSV from a faster ring, or the ring's times invented
+    "ring rows scaled by 1/3": ("sweep-remeasured", "sweep.csv", _scaled(1 / 3, "ring")),
+    # a mean per size instead of every timed call
+    "a mean per size": ("sweep-csv", "sweep.csv", _means_only),
 }
 
 

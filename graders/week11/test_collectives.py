@@ -20,7 +20,11 @@ MIB = kit.MIB
 TIMED = [4 * kit.KIB, 64 * kit.KIB, 1 * MIB, 2 * MIB, 4 * MIB]  # the grader's re-measure (2 ranks, fp32)
 BANDWIDTH_BOUND = [1 * MIB, 2 * MIB, 4 * MIB]                  # compared with sweep.csv
 SWEEP = [2 ** k for k in range(10, 23)]                        # 1 KiB .. 4 MiB: what sweep.csv must hold
-SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 5, 3.0
+SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 20, 3.0
+RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's (both timed in turns): the
+# reference's shipped CSVs (2.92, 2.71) graded 3 at once on 2 cores came 1.12x-1.40x from the grade's (1.94-2.60); a
+# ring 3x off stays >= 2.1x off. 1.75 sits between the two (geometric middle)
+LIBRARY_FACTOR = 4.0  # sweep.csv's fastest library call against the grader's: the loose absolute sanity bound
 PRECISION_OR_OFFSETS = ("Whole elements wrong (or missing) point at block offsets for sizes not divisible by the "
                         "world; small errors on every element at lost precision: add in the tensor's own dtype and "
                         "never send a lower-precision copy of a partial sum")
@@ -253,6 +257,13 @@ def test_all_reduce_is_rs_ag(launches, record):
 
 
 # ------------------------------------------------------------------------------------------------ the sweep
+# Under load a wall clock says little on its own: the same ring on 2 cores took 4.5x longer in a loaded grade than
+# in the sweep. So sweep.py and the grader both time the ring in turns with the library's dist.all_reduce (the
+# control, same tensor, same barrier, call by call), and what is compared is the ring's time OVER the library's:
+# load slows both. The statistic is the total time of the ring's calls at the bandwidth-bound sizes over the
+# library's (per-size means, summed): between runs at load 10 on 2 cores the ratio of medians of 25 calls swung
+# 1.35x, this one 1.08x. The absolute times get a loose sanity bound only, on the least load-sensitive figure (the
+# library's fastest call: the same code in both).
 def _sweep(learner):
     path = learner.path("sweep.csv")
     if not path.exists():
@@ -261,8 +272,23 @@ def _sweep(learner):
     try:
         rows = kit.read_sweep(path)
     except ValueError as exc:
-        raise LabCheckFailed(f"sweep.csv: {exc}") from None
+        raise LabCheckFailed(f"sweep.csv: {exc}. Re-run sweep.py (it writes world_size,impl,bytes,rep,seconds) "
+                             "and submit its CSV unchanged") from None
     return rows
+
+
+def _by_size(rows, impl: str) -> dict[int, list[float]]:
+    by_size: dict[int, list[float]] = {}
+    for r in rows:
+        if r["impl"] == impl:
+            by_size.setdefault(r["bytes"], []).append(r["seconds"])
+    return by_size
+
+
+def _ring_over_library(ring: dict[int, list[float]], library: dict[int, list[float]]) -> float:
+    """Total time of the ring's calls over the library's at the bandwidth-bound sizes (per-size means, summed)."""
+    return (sum(statistics.fmean(ring[s]) for s in BANDWIDTH_BOUND)
+            / sum(statistics.fmean(library[s]) for s in BANDWIDTH_BOUND))
 
 
 @pytest.mark.check("sweep-csv")
@@ -272,77 +298,91 @@ def test_sweep_csv(learner, record):
     if worlds != [SWEEP_WORLD]:
         raise LabCheckFailed(f"sweep.csv has world_size {worlds}; the graded sweep runs on {SWEEP_WORLD} CPU ranks "
                              f"(torchrun --nproc-per-node {SWEEP_WORLD} sweep.py), which the grader re-measures")
-    by_size: dict[int, list[float]] = {}
-    for r in rows:
-        by_size.setdefault(r["bytes"], []).append(r["seconds"])
-    missing = [s for s in SWEEP if s not in by_size]
-    if missing:
-        raise LabCheckFailed(f"sweep.csv lacks the sizes {missing} bytes: time every power of two from 1 KiB "
-                             "(1024) to 4 MiB (4194304)")
-    few = {s: len(ts) for s, ts in by_size.items() if len(ts) < MIN_REPS}
-    if few:
-        raise LabCheckFailed(f"sweep.csv has fewer than {MIN_REPS} rows for sizes {few}: write every timed call "
-                             "(raw, one row per repetition), not a mean per size")
-    flat = [s for s in SWEEP if len(set(by_size[s])) == 1]
-    if len(flat) > 1:
-        raise LabCheckFailed(f"sweep.csv repeats one time for every repetition at sizes {flat}: a real clock around "
-                             "real calls never does. Write the time of each call")
-    record("sizes in sweep.csv", len(by_size))
+    for impl, what in (("ring", "your ring_all_reduce"), ("library", "dist.all_reduce, timed in turns with it")):
+        by_size = _by_size(rows, impl)
+        missing = [s for s in SWEEP if s not in by_size]
+        if missing:
+            raise LabCheckFailed(f"sweep.csv lacks impl={impl} rows ({what}) at the sizes {missing} bytes: time "
+                                 "every power of two from 1 KiB (1024) to 4 MiB (4194304), both ring and library")
+        few = {s: len(ts) for s, ts in by_size.items() if len(ts) < MIN_REPS}
+        if few:
+            raise LabCheckFailed(f"sweep.csv has fewer than {MIN_REPS} impl={impl} rows for sizes {few}: write "
+                                 "every timed call (raw, one row per repetition), not a mean per size, and time at "
+                                 f"least {MIN_REPS} calls of each per size")
+        flat = [s for s in SWEEP if len(set(by_size[s])) == 1]
+        if len(flat) > 1:
+            raise LabCheckFailed(f"sweep.csv repeats one time for every impl={impl} repetition at sizes {flat}: a "
+                                 "real clock around real calls never does. Write the time of each call")
+    record("sizes in sweep.csv", len(_by_size(rows, "ring")))
 
 
-def _remeasured_samples(launches) -> dict[int, list[float]]:
+def _remeasured(launches) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """The grader's own samples at TIMED: (ring_all_reduce, dist.all_reduce), timed in turns on rank 0."""
     two = launches[1]
     two.require_ran()
-    if not two.run.outputs[0]["timings"]:
+    out = two.run.outputs[0]
+    if not out["timings"]:
         raise LabCheckFailed("the grader could not time ring_all_reduce: it raised in the correctness cases; make "
                              "the all-reduce check pass first")
-    return {int(s): list(ts) for s, ts in two.run.outputs[0]["timings"].items()}
+    return ({int(s): list(ts) for s, ts in out["timings"].items()},
+            {int(s): list(ts) for s, ts in out["control"].items()})
 
 
 @pytest.fixture(scope="module")
 def remeasure(launches):
-    return {s: statistics.median(ts) for s, ts in _remeasured_samples(launches).items()}
+    return _remeasured(launches)
 
 
 @pytest.mark.check("sweep-remeasured")
-def test_sweep_remeasured(learner, launches, remeasure, record):
+def test_sweep_remeasured(learner, remeasure, record):
     rows = _sweep(learner)
-    points = kit.medians([r["bytes"] for r in rows], [r["seconds"] for r in rows])
-    fastest = {s: min(r["seconds"] for r in rows if r["bytes"] == s) for s in BANDWIDTH_BOUND}
-    ours_fastest = {s: min(ts) for s, ts in _remeasured_samples(launches).items()}
+    ring, library = _by_size(rows, "ring"), _by_size(rows, "library")
+    ours_ring, ours_library = remeasure
+    yours, ours = _ring_over_library(ring, library), _ring_over_library(ours_ring, ours_library)
+    record("ring / library time, 1-4 MiB", yours, target=ours, unit="x", target_is="re-measured")
     for s in BANDWIDTH_BOUND:
-        record(f"all-reduce {s // MIB} MiB", points[s] * 1e3, target=remeasure[s] * 1e3, unit="ms", bytes=s,
-               target_is="re-measured")
-    # medians against medians, and fastest call against fastest call (load on a shared machine slows the
-    # typical call more than the fastest): the closer of the two must be within the factor
-    ratios = []
-    for yours_by_size, ours_by_size in ((points, remeasure), (fastest, ours_fastest)):
-        yours, ours = (sum(d[s] for s in BANDWIDTH_BOUND) for d in (yours_by_size, ours_by_size))
-        ratios.append((max(yours / ours, ours / yours), yours, ours))
-    ratio, yours, ours = min(ratios)
-    if ratio > REMEASURE_FACTOR:
-        detail = ", ".join(f"{s // MIB} MiB: yours {points[s] * 1e3:.2f} ms, grader {remeasure[s] * 1e3:.2f} ms"
-                           for s in BANDWIDTH_BOUND)
+        record(f"all-reduce {s // MIB} MiB", statistics.median(ring[s]) * 1e3,
+               target=statistics.median(ours_ring[s]) * 1e3, unit="ms", bytes=s, target_is="re-measured")
+    apart = max(yours / ours, ours / yours)
+    if apart > RATIO_FACTOR:
+        detail = ", ".join(f"{s // MIB} MiB: ring {statistics.fmean(ring[s]) * 1e3:.2f} ms / library "
+                           f"{statistics.fmean(library[s]) * 1e3:.2f} ms" for s in BANDWIDTH_BOUND)
         raise LabCheckFailed(
-            f"sweep.csv's median times at the bandwidth-bound sizes add up to {ratios[0][1] * 1e3:.2f} ms; the "
-            f"grader's own timing of your ring_all_reduce on {SWEEP_WORLD} CPU ranks adds up to "
-            f"{ratios[0][2] * 1e3:.2f} ms ({detail}); even the fastest calls are {ratio:.1f}x apart (allowed "
-            f"{REMEASURE_FACTOR:g}x for load). Re-run sweep.py on this machine with the collectives.py you submit, "
-            "and submit the CSV it writes unchanged")
+            f"in sweep.csv your ring_all_reduce takes {yours:.2f}x the time of dist.all_reduce at 1-4 MiB (mean "
+            f"per size, summed; {detail}); timed the same way by the grader, in turns on {SWEEP_WORLD} CPU ranks, "
+            f"it takes {ours:.2f}x: {apart:.2f}x apart (allowed {RATIO_FACTOR:g}x; load slows both sides of each "
+            "ratio alike). Re-run sweep.py with the collectives.py you submit and submit the CSV it writes "
+            "unchanged")
+    yours_fastest = min(min(library[s]) for s in BANDWIDTH_BOUND)
+    ours_fastest = min(min(ours_library[s]) for s in BANDWIDTH_BOUND)
+    if max(yours_fastest / ours_fastest, ours_fastest / yours_fastest) > LIBRARY_FACTOR:
+        raise LabCheckFailed(
+            f"sweep.csv's fastest dist.all_reduce at 1-4 MiB took {yours_fastest * 1e3:.3f} ms; the grader's "
+            f"fastest call of the same library code took {ours_fastest * 1e3:.3f} ms on this machine (allowed "
+            f"{LIBRARY_FACTOR:g}x either way: the fastest of {MIN_REPS} or more calls moves little with load). "
+            "Run sweep.py on the machine you grade on and submit the CSV it writes unchanged")
 
 
 @pytest.mark.check("cost-model")
 def test_cost_model(learner, remeasure, record):
-    rows = _sweep(learner)
+    every = _sweep(learner)
+    rows = [r for r in every if r["impl"] == "ring"]
     sizes, seconds = [r["bytes"] for r in rows], [r["seconds"] for r in rows]
     alpha, beta = kit.fit_alpha_beta(sizes, seconds)
     points = kit.medians(sizes, seconds)
     if alpha <= 0 or beta <= 0:
         raise LabCheckFailed(
-            f"the alpha-beta fit of sweep.csv gives alpha = {alpha * 1e6:.3g} us, beta = {beta * 1e9:.3g} ns/B; "
-            "both must be positive (a fixed cost per call, a cost per byte). Re-run the sweep on a quieter machine "
-            "with more repetitions per size")
-    ours_alpha, ours_beta = kit.fit_alpha_beta(list(remeasure), list(remeasure.values()))
+            f"the alpha-beta fit of sweep.csv's ring rows gives alpha = {alpha * 1e6:.3g} us, beta = "
+            f"{beta * 1e9:.3g} ns/B; both must be positive (a fixed cost per call, a cost per byte). Re-run the "
+            "sweep on a quieter machine with more repetitions per size")
+    # the grader's re-measure as a target, carried to the sweep's load by the control: times scaled by how much
+    # slower (or faster) the library ran in the sweep than in this grade
+    ours_ring, ours_library = remeasure
+    library = _by_size(every, "library")
+    load = (sum(statistics.fmean(library[s]) for s in BANDWIDTH_BOUND)
+            / sum(statistics.fmean(ours_library[s]) for s in BANDWIDTH_BOUND))
+    ours = {s: statistics.median(ts) * load for s, ts in ours_ring.items()}
+    ours_alpha, ours_beta = kit.fit_alpha_beta(list(ours), list(ours.values()))
     big = 4 * MIB
     algbw = kit.algbw_gbps(big, points[big])
     busbw = kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, points[big])
@@ -350,9 +390,8 @@ def test_cost_model(learner, remeasure, record):
     record("beta", beta * 1e9, target=ours_beta * 1e9, unit="ns/B", target_is="re-measured")
     record("crossover", alpha / beta, target=ours_alpha / ours_beta if ours_beta > 0 else None, unit="B",
            target_is="re-measured")
-    record("algbw 4 MiB", algbw, target=kit.algbw_gbps(big, remeasure[big]), unit="GB/s",
-           target_is="re-measured")
-    record("busbw 4 MiB", busbw, target=kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, remeasure[big]),
+    record("algbw 4 MiB", algbw, target=kit.algbw_gbps(big, ours[big]), unit="GB/s", target_is="re-measured")
+    record("busbw 4 MiB", busbw, target=kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, ours[big]),
            unit="GB/s", target_is="re-measured")
 
 
@@ -397,7 +436,7 @@ def test_nccl_ring(learner, seed, tmp_path_factory, record):
         raise LabCheckFailed("sweep_cuda.csv is missing: on a machine with 2 GPUs run `torchrun --nproc-per-node 2 "
                              "sweep.py --cuda` and submit the CSV it writes")
     try:
-        rows = kit.read_sweep(path)
+        rows = [r for r in kit.read_sweep(path) if r["impl"] == "ring"]
     except ValueError as exc:
         raise LabCheckFailed(f"sweep_cuda.csv: {exc}") from None
     points = kit.medians([r["bytes"] for r in rows if r["world_size"] == 2],

@@ -1,5 +1,6 @@
-"""Week 11 sweep: time ring_all_reduce over message sizes, write every timed call to sweep.csv (raw), fit the
-alpha-beta model and print the figures the report asks for.
+"""Week 11 sweep: time ring_all_reduce over message sizes, in turns with the library's dist.all_reduce (the
+control), write every timed call to sweep.csv (raw), fit the alpha-beta model to the ring's rows and print the
+figures the report asks for.
 
     torchrun --nproc-per-node 2 sweep.py            # CPU, gloo: 1 KiB .. 4 MiB (graded)
     torchrun --nproc-per-node 2 sweep.py --cuda     # GPUs, NCCL: 1 KiB .. 1 GiB where memory allows (sweep_cuda.csv)
@@ -17,18 +18,20 @@ import torch.distributed as dist
 
 from collectives import ring_all_reduce
 
-WARMUP, REPS = 3, 9
+WARMUP, REPS = 3, 25
 
 
 def sizes(largest: int) -> list[int]:
     return [2 ** k for k in range(10, largest.bit_length())]  # 1 KiB, 2 KiB, ... largest (a power of two)
 
 
-def time_all_reduce(nbytes: int, device: str) -> list[float]:
-    """REPS times of one ring_all_reduce of nbytes (fp32) on THIS rank's clock, after WARMUP untimed calls.
-    Before each call: a fresh copy of the input and a dist.barrier(); on a GPU, synchronise before reading
-    the clock."""
-    raise NotImplementedError("TODO: time ring_all_reduce")
+def time_all_reduce(nbytes: int, device: str) -> dict[str, list[float]]:
+    """{"ring": [...], "library": [...]}: REPS times each of ring_all_reduce and of dist.all_reduce on one fp32
+    tensor of nbytes, on THIS rank's clock, after WARMUP untimed rounds. Time them in turns, call by call (a round
+    = one ring call, then one library call), so that whatever else runs on the machine slows both alike: the
+    grader compares the ring's time over the library's with its own. Before each call: a fresh copy of the
+    input and a dist.barrier(); on a GPU, synchronise before reading the clock."""
+    raise NotImplementedError("TODO: time ring_all_reduce and dist.all_reduce in turns")
 
 
 def fit(points: dict[int, float]) -> tuple[float, float]:
@@ -53,12 +56,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
     for nbytes in sizes(largest):
-        for rep, seconds in enumerate(time_all_reduce(nbytes, device)):
-            rows.append((world, nbytes, rep, seconds))
+        for impl, samples in time_all_reduce(nbytes, device).items():
+            rows += [(world, impl, nbytes, rep, seconds) for rep, seconds in enumerate(samples)]
     if rank == 0:
-        # TODO: write rows to sweep.csv (sweep_cuda.csv with --cuda), header world_size,bytes,rep,seconds;
-        # print per size the median time, algbw and busbw, then alpha_us, beta_ns_per_byte, crossover_bytes,
-        # and algbw_gbps / busbw_gbps at the largest size.
+        # TODO: write rows to sweep.csv (sweep_cuda.csv with --cuda), header world_size,impl,bytes,rep,seconds;
+        # from the ring's rows, print per size the median time, algbw and busbw, then alpha_us,
+        # beta_ns_per_byte, crossover_bytes, and algbw_gbps / busbw_gbps at the largest size.
         raise NotImplementedError("TODO: write the CSV and print the figures")
     dist.destroy_process_group()
 

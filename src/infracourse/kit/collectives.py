@@ -9,8 +9,9 @@ a correct ring may drift from it (one rounding per addition in the tensor's own 
 Rank side: `grade_rank` is started by grading.torchrun (module `infracourse.kit.collectives`) with the probe
 `infracourse.kit.dist_probes`; it imports the learner's `collectives.py`, calls each function on the judge's
 cases inside a probe scope, notes the order in which ring_all_reduce calls ring_reduce_scatter and
-ring_all_gather, times ring_all_reduce at a few sizes (a barrier, then this rank's clock around one call) and
-returns everything. All of it is evidence: the learner's code shares the process.
+ring_all_gather, times ring_all_reduce at a few sizes in turns with the library's all_reduce (the control; a
+barrier, then this rank's clock around one call) and returns everything. All of it is evidence: the learner's
+code shares the process.
 """
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ from infracourse.kit import dist_probes
 BUSBW_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
                  "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float64": 2.0 ** -53}
-SWEEP_COLUMNS = ("world_size", "bytes", "rep", "seconds")
+SWEEP_COLUMNS = ("world_size", "impl", "bytes", "rep", "seconds")
+# impl: "ring" is the learner's ring_all_reduce, "library" torch.distributed.all_reduce timed in turns with it (the
+# control: whatever load slows one slows the other, so their ratio holds where the wall clock does not)
+SWEEP_IMPLS = ("ring", "library")
 KIB, MIB = 1024, 1024 * 1024
 
 
@@ -80,7 +84,7 @@ def fit_alpha_beta(sizes: list[int], seconds: list[float]) -> tuple[float, float
 
 
 def read_sweep(path: Path) -> list[dict[str, Any]]:
-    """The rows of a sweep CSV as numbers; ValueError naming the first problem."""
+    """The rows of a sweep CSV (numbers, and impl: ring or library); ValueError naming the first problem."""
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = [c for c in SWEEP_COLUMNS if c not in (reader.fieldnames or [])]
@@ -89,10 +93,12 @@ def read_sweep(path: Path) -> list[dict[str, Any]]:
         rows = []
         for line, row in enumerate(reader, start=2):
             try:
-                parsed = {"world_size": int(row["world_size"]), "bytes": int(row["bytes"]), "rep": int(row["rep"]),
-                          "seconds": float(row["seconds"])}
+                parsed = {"world_size": int(row["world_size"]), "impl": row["impl"], "bytes": int(row["bytes"]),
+                          "rep": int(row["rep"]), "seconds": float(row["seconds"])}
             except (TypeError, ValueError):
                 raise ValueError(f"line {line} is not numbers: {dict(row)}") from None
+            if parsed["impl"] not in SWEEP_IMPLS:
+                raise ValueError(f"line {line}: impl = {row['impl']!r} (one of {', '.join(SWEEP_IMPLS)})")
             if not (math.isfinite(parsed["seconds"]) and parsed["seconds"] > 0):
                 raise ValueError(f"line {line}: seconds = {row['seconds']} (a time must be a positive number)")
             rows.append(parsed)
@@ -131,7 +137,7 @@ def sum_bound(inputs: list, dtype_name: str):
 
 
 # ------------------------------------------------------------------------------------------------- in each rank
-def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int = 2, reps: int = 9,
+def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int = 2, reps: int = 25,
                module: str = "collectives") -> dict:
     """Run the judge's cases on the learner's collectives in this rank; returns outputs, order and timings."""
     import importlib
@@ -141,6 +147,7 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    library = dist.all_reduce  # the control, taken before the learner's module is imported
     learner = importlib.import_module(module)
     order: list[str] = []
     for name in ("ring_reduce_scatter", "ring_all_gather"):
@@ -185,21 +192,25 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
                                               and not torch.equal(mine, x))})
     if "all_reduce" in failed:
         timed_sizes = []
-    timings = {}
+    timings, control = {}, {}
     for nbytes in timed_sizes:
         x = torch.randn(nbytes // 4, device=device)
-        samples = []
+        samples: dict[str, list[float]] = {"ring": [], "library": []}
         for rep in range(warmup + reps):
-            y = x.clone()
-            dist.barrier()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            with dist_probes.scope(f"timed {nbytes}"):
-                learner.ring_all_reduce(y)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if rep >= warmup:
-                samples.append(time.perf_counter() - started)
-        timings[int(nbytes)] = samples
-    return {"rank": rank, "world_size": world, "cases": results, "timings": timings}
+            for impl in SWEEP_IMPLS:  # in turns, call by call: one load slows both
+                y = x.clone()
+                dist.barrier()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                with dist_probes.scope(f"timed {impl} {nbytes}"):
+                    if impl == "ring":
+                        learner.ring_all_reduce(y)
+                    else:
+                        library(y)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if rep >= warmup:
+                    samples[impl].append(time.perf_counter() - started)
+        timings[int(nbytes)], control[int(nbytes)] = samples["ring"], samples["library"]
+    return {"rank": rank, "world_size": world, "cases": results, "timings": timings, "control": control}
