@@ -1,7 +1,8 @@
 """Week 11: the learner's ring collectives, run under torchrun on CPU (gloo) with 3 ranks and with 2.
 
 One launch per world size runs every case (kit.collectives.grade_rank in each rank, around the learner's
-functions) and, with 2 ranks, re-measures ring_all_reduce. The judge rebuilds every rank's input from the seed
+functions) and, with 2 ranks, re-times ring_all_reduce in turns with gloo's dist.all_reduce (the control: the
+ring/library ratio holds at any load where a raw time does not, and the sweep's CSV carries both). The judge rebuilds every rank's input from the seed
 (kit.collectives.case_inputs) and computes the exact result itself; what the ranks return is compared with it.
 The probe's counts (kit.dist_probes: calls, bytes, peers per case) are evidence that names an honest mistake.
 """
