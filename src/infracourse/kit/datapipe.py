@@ -427,14 +427,8 @@ def _task_epochs(task, spec):
                 _emit(manifest=current, before=epoch)
         ids, wait = [], 0.0
         try:
-            it = iter(_pipe(task | {"manifest": current}, dict(task["cfg"], epoch=epoch)))
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                wait += time.perf_counter() - t0
+            for batch, waited in _waited_batches(_pipe(task | {"manifest": current}, dict(task["cfg"], epoch=epoch))):
+                wait += waited
                 ids += _check_batch(batch, spec, 1)
         except ShardChanged as exc:
             _emit(epoch=epoch, shard_changed=str(exc.name), ids=ids, wait_s=wait)
@@ -450,17 +444,23 @@ def _task_timed(task, spec):
         pipe = _pipe(task, task["cfg"])
     ids, wait = [], 0.0
     _emit(start=True)
-    it = iter(pipe)
-    while True:
-        t0 = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        wait += time.perf_counter() - t0
+    for batch, waited in _waited_batches(pipe):
+        wait += waited
         ids += _check_batch(batch, spec, 8)
         time.sleep(task["compute_s"])
     _emit(end=True, wait_s=wait, ids=ids)
+
+
+def _waited_batches(pipe):
+    """Each batch of `pipe` with the seconds the consumer waited for it (the pipeline's exceptions pass through)."""
+    it = iter(pipe)
+    while True:
+        started = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        yield batch, time.perf_counter() - started
 
 
 def _vm(key: str) -> int:
