@@ -92,8 +92,8 @@ def cpu_seconds_per_call(fn: Callable, args: tuple, calls: int, rounds: int = 5)
     `calls` calls after one warm-up round: on a CPU shared with other work the CPU time a call takes is what
     it costs, where a wall clock also counts the time other processes held the core. The calling thread's
     clock, not the process's: with one intra-op thread (timing_threads) the op runs here, and the process
-    clock would also count other threads of this process, e.g. an OpenMP pool still spinning after earlier
-    two-thread work, which made the judge's unfused norm 1.5x slower in the first grade of a pytest run."""
+    clock would also count whatever other threads of this process do meanwhile (a spinning OpenMP pool, a
+    reader thread)."""
     def round_of_calls():
         for _ in range(calls):
             fn(*args)
