@@ -87,6 +87,28 @@ def test_an_invented_figure_fails_naming_both_numbers(write, machine, line, name
     assert ("`infracourse measure`" in str(caught.value)) == (name != "intensity"), str(caught.value)
 
 
+def test_a_busy_grade_widens_only_the_graders_slower_side(write, machine):
+    """A phase time from the learner's idle run (0.5 s) against the grader's run on a CPU shared 3x (3.2 s): the
+    tolerance (2x or 1 s) grows by the recorded contention where the grader's figure is the larger, never where
+    it is the smaller, and not at all without contention recorded."""
+    spec = Report.model_validate({"file": "report.md", "figures": [
+        {"name": "reload_s", "meaning": "reload, s", "check": "recovery", "measured": "reload", "factor": 2,
+         "absolute": 1.0, "busy": "cpu contention"}]})
+    def measured(reload_s, contention):
+        return {"recovery": {"reload": {"value": reload_s}, "cpu contention": {"value": contention}}}
+    status = {"recovery": "passed"}
+    path = write(_report("reload_s: 0.5\n"))
+    assert _check(path, machine, measured(3.2, 3.0), status, spec)["reload_s"]["target"] == 3.2
+    with pytest.raises(LabCheckFailed, match=r"shared the CPU 1.0x"):  # idle: the plain tolerance
+        _check(path, machine, measured(3.2, 1.0), status, spec)
+    faster = write(_report("reload_s: 9.0\n"))  # the report slower than the busy grader's run: no widening
+    with pytest.raises(LabCheckFailed, match=r"reload_s = 9 .* grader measured 3.2"):
+        _check(faster, machine, measured(3.2, 3.0), status, spec)
+    with pytest.raises(RuntimeError, match="course bug"):  # asked for and not recorded: the grader's fault
+        _check(path, machine, {"recovery": {"reload": {"value": 3.2}}}, status, spec)
+    assert _agree(0.5, 3.2, spec.figures[0], 3.0) and not _agree(0.5, 3.2, spec.figures[0])
+
+
 def test_prose_in_any_wording_passes(write, machine):
     terse = {k: "Filled, in words nobody's regular expression expects: " + k.lower() + " ok."
              for k in PROSE}

@@ -177,6 +177,7 @@ def phase_load(server: serving.Server, seed: int) -> dict:
     server.require_alive("during the load point")
     idle, waited = wait_idle(server, batching.bench_config().num_blocks, 2.0)
     metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
+    metrics["decoding_at_once"] = decoding_at_once(records, duration)
     return {"specs": specs, "records": records, "duration_s": duration, "metrics": metrics, "samples": samples,
             "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server),
             "device_mb": device_memory_mb(server)}
@@ -406,12 +407,19 @@ def phase_burst(server: serving.Server, seed: int, cfg: batching.ServeConfig) ->
 keep_phase = functools.partial(serving.run_phase, teach=teach, who="server")  # one phase of the grade, into phases
 
 
+def decoding_at_once(records, duration_s: float) -> float:
+    """Little's law on the client's clock: the mean number of requests between their first and last token over
+    the run, i.e. the sequences decoding at once, whatever each step cost."""
+    return sum(r.chunk_times[-1] - r.chunk_times[0] for r in records if r.success and r.chunk_times) / duration_s
+
+
 def load_point(server: serving.Server, seed: int, who: str) -> dict:
     """The load point through `server`, the judge's clock: kit.loadgen metrics (output_throughput: output tokens
     of successful requests per second; ttft_ms percentiles)."""
     records, duration = server.load(batching.bench_specs(seed), concurrency=batching.BENCH_CONCURRENCY,
                                     timeout_s=60.0)
     metrics = compute_metrics(records, duration)
+    metrics["decoding_at_once"] = decoding_at_once(records, duration)
     if metrics["failed"]:
         message = f"{metrics['failed']} requests failed ({[r.error for r in records if not r.success][:2]})"
         if who == "static":

@@ -43,6 +43,7 @@ from infracourse.grading.remote import LearnerHung, LearnerRaised
 from infracourse.grading.report_check import read_figures, read_json_figure
 from infracourse.grading.torchrun import RanksRun, collect, rank_processes, run_ranks, start_ranks
 from infracourse.launch import output
+from infracourse.hardware import cpu_contention
 from infracourse.grading.verdicts import (explain_nan, fenced, interpreter_note, require_data_flow,
                                           require_own_kernel, require_plain_tensor, require_possible, run_watched)
 from infracourse.observe import CallRecord
@@ -64,7 +65,7 @@ __all__ = [
     # comparison
     "assert_close", "assert_grad_close", "relative_error", "wrong_blocks", "tolerance",
     # timing
-    "timed", "reference_time", "require_fraction", "require_speedup", "require_possible",
+    "timed", "reference_time", "require_fraction", "require_speedup", "require_possible", "cpu_contention",
     # figures
     "read_figures", "read_json_figure", "check_formula", "check_measured",
     # processes

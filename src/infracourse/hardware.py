@@ -95,6 +95,17 @@ class Hardware:
 PROVEN = {"torch": ("2.11", "2.14"), "triton": ("3.6", "3.7")}
 
 
+def cpu_contention() -> float:
+    """How many runnable tasks each core had over the last minute (the 1-minute load average per core), at
+    least 1: a wall-clock phase that needs the CPU takes about this much longer than on an idle machine. The
+    kernel's figure, so the learner's code cannot lower it (only add to it, by slowing itself)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
 def _release(version: str) -> tuple[int, ...]:
     """(2, 13, 0) for '2.13.0+cpu' or '2.13.0.dev20260101'."""
     import re

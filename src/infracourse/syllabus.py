@@ -230,6 +230,11 @@ class ReportFigure(_Strict):
     expected: float | None = Field(default=None, description="The value, when no check measures it (`check` None).")
     factor: float = Field(default=1, ge=1, description="Accepted ratio either side of the grader's figure (1: none).")
     absolute: float = Field(default=0, ge=0, description="Accepted absolute difference (for figures near zero).")
+    busy: str | None = Field(
+        default=None, description="A figure the same check records: how contended the CPU was while it measured "
+        "(>= 1, hardware.cpu_contention). A wall-clock time the learner took on their own run and the grader "
+        "re-took on a busier machine is longer by about that much: the tolerance on the grader's slower side "
+        "(factor and absolute) grows by it, never on the faster side.")
 
     @model_validator(mode="after")
     def _source(self) -> "ReportFigure":
@@ -237,6 +242,8 @@ class ReportFigure(_Strict):
             raise ValueError(f"figure {self.name!r}: give either `check` and `measured`, or `expected`")
         if self.check is not None and not self.measured:
             raise ValueError(f"figure {self.name!r}: `check` needs `measured` (the name that check records)")
+        if self.busy and self.check is None:
+            raise ValueError(f"figure {self.name!r}: `busy` names a figure of `check`, which it lacks")
         return self
 
 

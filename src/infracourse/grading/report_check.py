@@ -115,11 +115,12 @@ def compare_figures(reported: dict[str, float], spec: Report, measured: dict[str
             raise LabCheckFailed(f"{name}: the figures block lacks {figure.name!r}: {figure.meaning}")
         ours = _grader_figure(figure, measured, statuses, name)
         mine = reported[figure.name]
-        if not _agree(mine, ours, figure):
+        busy = _contention(figure, measured)
+        if not _agree(mine, ours, figure, busy):
             raise LabCheckFailed(
                 f"{name}: {figure.name} = {mine:.4g} in your figures block, but the grader "
                 f"{'measured' if figure.check else 'computes, for this configuration,'} {ours:.4g} "
-                f"({figure.meaning}; {_tolerance(figure)}). Report the figure your own run printed for this "
+                f"({figure.meaning}; {_tolerance(figure, busy)}). Report the figure your own run printed for this "
                 "configuration, on this machine, in the unit asked for"
                 + ("; figures from another machine or an earlier version of your code differ: `infracourse measure` "
                    "writes this machine's into the block" if figure.check else ""))
@@ -147,19 +148,38 @@ def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: di
     return float(value)
 
 
-def _agree(mine: float, ours: float, figure: ReportFigure) -> bool:
-    if abs(mine - ours) <= figure.absolute:
+def _contention(figure: ReportFigure, measured: dict[str, dict]) -> float:
+    """The CPU contention the figure's check recorded while it measured (1: none recorded, or not asked for)."""
+    if not figure.busy:
+        return 1.0
+    recorded = (measured.get(figure.check) or {}).get(figure.busy)
+    value = recorded.get("value") if isinstance(recorded, dict) else getattr(recorded, "value", None)
+    if not isinstance(value, (int, float)) or value < 1:
+        raise RuntimeError(f"the grader recorded no CPU contention {figure.busy!r} (check {figure.check!r}) for "
+                           f"{figure.name}: a course bug, not a fault of your report; please report it")
+    return float(value)
+
+
+def _agree(mine: float, ours: float, figure: ReportFigure, busy: float = 1.0) -> bool:
+    """Within the figure's tolerance; where the grader's figure is the larger, the tolerance grows by `busy`
+    (its measurement ran that much more contended: a timing can only lengthen under load)."""
+    slower = busy if ours > mine else 1.0
+    if abs(mine - ours) <= figure.absolute * slower:
         return True
     if mine == 0 or ours == 0 or (mine > 0) != (ours > 0):
         return False
-    return max(mine / ours, ours / mine) <= figure.factor
+    return max(mine / ours, ours / mine) <= figure.factor * (slower if figure.factor > 1 else 1.0)
 
 
-def _tolerance(figure: ReportFigure) -> str:
+def _tolerance(figure: ReportFigure, busy: float = 1.0) -> str:
     parts = [f"within {figure.factor:g}x either side"] if figure.factor > 1 else []
     if figure.absolute:
         parts.append(f"or {figure.absolute:g} apart")
-    return "accepted " + " ".join(parts) if parts else "must match"
+    text = "accepted " + " ".join(parts) if parts else "must match"
+    if figure.busy:
+        text += (f"; the grader's run shared the CPU {busy:.1f}x (load per core), so a grader's figure larger than "
+                 f"yours may be up to {busy:.1f}x further off")
+    return text
 
 
 def check_report(path: Path, spec: Report, hardware: Hardware, *, template: Path | None = None,
