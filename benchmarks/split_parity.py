@@ -11,7 +11,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 from infracourse import bench
 from infracourse.compare import assert_close

@@ -2,7 +2,6 @@
 literally, a lost progress database comes back, and a segfault in learner code says where it happened."""
 import io
 import os
-import shutil
 from pathlib import Path
 
 import pytest

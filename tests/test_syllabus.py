@@ -8,7 +8,6 @@ from infracourse.course import Course
 from infracourse.schema import json_schema
 from infracourse.syllabus import CourseFileError, load_lab, load_syllabus, normalise_week
 
-from conftest import REPO
 
 
 def test_real_syllabus_has_24_weeks_in_order_with_known_checks(course):

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails
-from reportproof import invented, reworded
+from reportproof import reworded
 
 pytestmark = pytest.mark.slow
 

@@ -173,7 +173,6 @@ def _capacity_grade(monkeypatch, claimed: float, good_fraction: float, tpot_ms: 
     """test_capacity_reproduced on a grade whose 0.9x rerun met the SLO for `good_fraction` of its requests while
     each token took `tpot_ms` on average (no request's tokens to compare: none succeeded)."""
     import importlib.util
-    import sys
 
     from infracourse.grading.serving import Phase
 

@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from infracourse import bench
 from infracourse.grader import LabCheckFailed, in_worker

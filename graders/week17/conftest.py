@@ -53,7 +53,7 @@ def served(learner_server, seed, device) -> Served:
     keep_phase(phases, "timeout", server, phase_timeout, s, itl)
     keep_phase(phases, "burst", server, phase_burst, s, cfg)
     keep_phase(phases, "pressure", server, phase_pressure, s, cfg, Path(server.uds).parent / JOURNAL)
-    return Served(s, device, cfg, phases, server.log_tail(20000))
+    return Served(s, cfg, phases, server.log_tail(20000))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from infracourse.grader import LabCheckFailed
-from week17_judging import DEADLINE_SLACK_S, STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
+from week17_judging import DEADLINE_SLACK_S, FILL_WAIT_S, STARVE_LONG_AT, STARVE_SHORTS, check_outputs, median
 
 
 @pytest.mark.check("backpressure")
@@ -81,6 +81,17 @@ def test_long_prompt_not_starved(served):
     long = records[li]
     what = (f"with every slot and block taken by {served.cfg.max_num_seqs} running requests, {STARVE_SHORTS + 1} "
             f"more at once, 8-token prompts and 8 new tokens, number {STARVE_LONG_AT + 1} a 100-token prompt")
+    full, fillers = s["full"], s["fillers"] or []
+    if full["running"] < served.cfg.max_num_seqs:  # the probe's condition never held: it proves nothing
+        raise LabCheckFailed(
+            f"the starvation probe sends {served.cfg.max_num_seqs} one-token prompts at once to take every slot, "
+            f"but {FILL_WAIT_S:g} s later /debug/state showed {full['running']} running and {full['waiting']} "
+            "waiting: admit waiting requests into the running batch at every step, up to max_num_seqs")
+    if len(fillers) != served.cfg.max_num_seqs or not all(r.success for r in fillers):
+        failed = [r.error[:200] for r in fillers if not r.success]
+        raise served.failed(f"{what}: of the {served.cfg.max_num_seqs} requests that took the slots, "
+                            f"{len(fillers) - len(failed)} completed within 30 s ({len(failed)} failed"
+                            f"{': ' + failed[0] if failed else ''}); an accepted request must complete")
     if not long.success:
         raise served.failed(f"{what}: the long prompt's request failed ({long.error[:300]})")
     later = [r.send_time + r.ttft for r in records[li + 1:] if r.success]

@@ -5,7 +5,7 @@ import pytest
 
 from infracourse.kit import batching
 from infracourse.kit.loadgen import serving_cost
-from week17_judging import check_outputs, tokens_of
+from week17_judging import check_outputs
 
 
 @pytest.mark.check("greedy-outputs")

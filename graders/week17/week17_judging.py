@@ -22,13 +22,13 @@ from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
 
 PERCENTILES = (50, 95, 99)
 STARVE_SHORTS, STARVE_LONG_AT = 30, 8  # the starvation phase's short requests; where its long prompt is
+FILL_WAIT_S = 5.0  # how long the starvation phase waits for its fillers to take every slot (one step, idle)
 NEAR_TIE = 1e-4  # a token within this of the best logit counts as greedy (batched sums round differently)
 
 
 @dataclass
 class Served:
     seed: int
-    device: str
     cfg: batching.ServeConfig
     phases: dict[str, serving.Phase]
     log: str = ""
@@ -178,7 +178,7 @@ def phase_load(server: serving.Server, seed: int) -> dict:
     idle, waited = wait_idle(server, batching.bench_config().num_blocks, 2.0)
     metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
     metrics["decoding_at_once"] = decoding_at_once(records, duration)
-    return {"specs": specs, "records": records, "duration_s": duration, "metrics": metrics, "samples": samples,
+    return {"specs": specs, "records": records, "metrics": metrics, "samples": samples,
             "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server),
             "device_mb": device_memory_mb(server)}
 
@@ -197,13 +197,13 @@ def phase_starvation(server: serving.Server, seed: int, cfg: batching.ServeConfi
                                daemon=True)
     filling.start()
     began = time.perf_counter()
-    while state(server)["running"] < cfg.max_num_seqs and time.perf_counter() - began < 2.0:
+    while state(server)["running"] < cfg.max_num_seqs and time.perf_counter() - began < FILL_WAIT_S:
         time.sleep(0.005)
     full = state(server)
-    records, duration = server.load(specs, timeout_s=30.0)  # all at once, into the queue
+    records, _ = server.load(specs, timeout_s=30.0)  # all at once, into the queue
     filling.join(30)
-    return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "duration_s": duration,
-            "full": full, "fillers": done.get("records")}
+    return {"specs": specs, "records": records, "long_index": STARVE_LONG_AT, "full": full,
+            "fillers": done.get("records")}
 
 
 def phase_disconnect(server: serving.Server, seed: int, floor_s: float) -> dict:
@@ -224,17 +224,16 @@ def phase_disconnect(server: serving.Server, seed: int, floor_s: float) -> dict:
         during = state(server)
     finally:
         stream.close()
-    closed = time.perf_counter()
     # half the least time the rest of the generation needs: a step lasts at least the runner's floor (CPU), or
     # what this stream's second token took (GPU)
     itl = max(floor_s, (times[1] - times[0]) if len(times) == 2 else 0.0)
     window = max(0.1, 0.5 * (max_tokens - 2) * itl)
-    after, waited = wait_idle(server, before["free_blocks"], window)
+    after, _ = wait_idle(server, before["free_blocks"], window)
     # the server must still serve: a new request completes, correct
     spec = request_matrix([8], [6], 1, vocab_size=128, seed=seed + 4)[0]
     records, _ = server.load([spec], timeout_s=20.0)
-    return {"before": before, "during": during, "after": after, "chunks": len(times), "waited_s": waited,
-            "window_s": window, "closed": closed, "next": (spec, records[0])}
+    return {"before": before, "during": during, "after": after, "chunks": len(times), "window_s": window,
+            "next": (spec, records[0])}
 
 
 def deadline_stream(server: serving.Server, prompt: list[int], max_tokens: int, timeout: float) -> dict:

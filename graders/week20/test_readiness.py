@@ -21,6 +21,11 @@ def test_ready_only_when_loaded(served, judge_model):
         if ready_at is None:
             raise LabCheckFailed(f"{what}: /ready never answered 200 within 60 s of the start (last answers "
                                  f"{[s for _, s in polls[-3:]]}); answer 200 once model.loaded is true")
+        if polls[0][1] == 200 and r["health_s"] >= LOAD_DELAY_S:
+            raise LabCheckFailed(
+                f"{what}: GET /health answered {r['health_s']:.2f} s after launch, once the model had loaded (the "
+                "first /ready after it was 200). Liveness must not wait for the model: the server answers /health at "
+                "once while the load runs in a background thread started at start-up")
         if polls[0][1] == 200:
             raise LabCheckFailed(
                 f"{what}: the first GET /ready, {polls[0][0]:.2f} s after launch (as soon as /health answered), was "

@@ -103,7 +103,7 @@ def phase_final(server: serving.Server, seed: int, ledger: list) -> dict:
         samples = sk.parse_metrics(text)
     except ValueError as exc:
         raise LabCheckFailed(f"GET /metrics is not the Prometheus text format: {exc}") from None
-    return {"samples": samples, "text": text}
+    return {"samples": samples}
 
 
 def keep_phase(phases: dict, name: str, server: serving.Server, fn, *args) -> None:

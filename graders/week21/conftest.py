@@ -48,7 +48,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
                            f"{gone['victim']['pid']} (supervisor-restarts says why)")
                 for name in ("capacity", "classes", "deploy"):
                     phases[name] = serving.Phase(failure=failure)
-                return Graded(s, device, journal, phases)
+                return Graded(device, phases)
             try:
                 claimed = read_capacity(learner)
             except LabCheckFailed as exc:
@@ -65,7 +65,7 @@ def graded(learner, device, seed, tmp_path_factory) -> Graded:
                        "handout)")
         for name in ("recovery", "capacity", "classes", "deploy"):
             phases.setdefault(name, serving.Phase(failure=message))
-    return Graded(s, device, journal, phases)
+    return Graded(device, phases)
 
 
 @pytest.fixture(scope="session")

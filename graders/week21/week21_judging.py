@@ -40,9 +40,7 @@ NEAR_TIE = 1e-4
 
 @dataclass
 class Graded:
-    seed: int
     device: str
-    journal: Path
     phases: dict[str, serving.Phase]
 
 
@@ -123,11 +121,10 @@ def phase_recovery(server: serving.Server, seed: int, journal: Path) -> dict:
     kills: list[dict] = []
     thread = threading.Thread(target=_kill_twice, args=(server, before[0], kills), daemon=True)
     thread.start()
-    records, duration = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0)
+    records, _ = server.load(specs, rate=RECOVERY_RATE, seed=seed, timeout_s=90.0)
     thread.join(2 * (RESTART_WINDOW_S + 5))
     server.require_alive("during the recovery phase (the judge killed the service process, not your gateway)")
-    return {"specs": specs, "records": records, "duration_s": duration, "kills": kills,
-            "journal": journal_events(journal)}
+    return {"specs": specs, "records": records, "kills": kills, "journal": journal_events(journal)}
 
 
 def _kill_twice(server: serving.Server, victim: dict, kills: list) -> None:
@@ -208,7 +205,7 @@ def phase_deploy(server: serving.Server, seed: int, version: str) -> dict:
         if status >= 300:
             raise LabCheckFailed(f"POST /admin/deploy {{\"version\": \"{version}\"}} answered HTTP {status} "
                                  f"({answer[:200]!r}); expected 2xx and a rollout that starts the new version")
-        records, duration = server.load(specs, rate=DEPLOY_RATE, seed=seed, timeout_s=90.0)
+        records, _ = server.load(specs, rate=DEPLOY_RATE, seed=seed, timeout_s=90.0)
         began = time.perf_counter()
         while time.perf_counter() - began < ROLLBACK_WINDOW_S:
             if not any(s["version"] == version for s in services(server)):
@@ -227,7 +224,7 @@ def phase_deploy(server: serving.Server, seed: int, version: str) -> dict:
         finally:
             stream.close()
         probes.append({"status": stream.status, "versions": versions})
-    return {"specs": specs, "records": records, "duration_s": duration, "samples": samples, "after": after,
+    return {"specs": specs, "records": records, "after": after,
             "probes": probes, "seen": any(s["version"] == version for _, ss in samples for s in ss)}
 
 
