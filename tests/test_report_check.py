@@ -107,6 +107,9 @@ def test_a_busy_grade_widens_only_the_graders_slower_side(write, machine):
     with pytest.raises(RuntimeError, match="course bug"):  # asked for and not recorded: the grader's fault
         _check(path, machine, {"recovery": {"reload": {"value": 3.2}}}, status, spec)
     assert _agree(0.5, 3.2, spec.figures[0], 3.0) and not _agree(0.5, 3.2, spec.figures[0])
+    # load raised on purpose widens no further than BUSY_CAP: 0.1 s against 3.2 s is 32x, 3.1 s apart
+    with pytest.raises(LabCheckFailed, match=r"shared the CPU 3.0x"):
+        _check(write(_report("reload_s: 0.1\n")), machine, measured(3.2, 40.0), status, spec)
 
 
 def test_prose_in_any_wording_passes(write, machine):

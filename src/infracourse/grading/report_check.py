@@ -148,8 +148,11 @@ def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: di
     return float(value)
 
 
+BUSY_CAP = 3.0  # the most a busy grade widens a tolerance: learner code that loads the CPU on purpose gains no more
+
+
 def _contention(figure: ReportFigure, measured: dict[str, dict]) -> float:
-    """The CPU contention the figure's check recorded while it measured (1: none recorded, or not asked for)."""
+    """The CPU contention the figure's check recorded while it measured, at most BUSY_CAP (1: not asked for)."""
     if not figure.busy:
         return 1.0
     recorded = (measured.get(figure.check) or {}).get(figure.busy)
@@ -157,7 +160,7 @@ def _contention(figure: ReportFigure, measured: dict[str, dict]) -> float:
     if not isinstance(value, (int, float)) or value < 1:
         raise RuntimeError(f"the grader recorded no CPU contention {figure.busy!r} (check {figure.check!r}) for "
                            f"{figure.name}: a course bug, not a fault of your report; please report it")
-    return float(value)
+    return min(float(value), BUSY_CAP)
 
 
 def _agree(mine: float, ours: float, figure: ReportFigure, busy: float = 1.0) -> bool:
