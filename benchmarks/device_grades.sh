@@ -13,8 +13,10 @@
 # (that report is the nvidia solution's, written as on a GPU: the operator speed-up is no longer to be verified;
 # this script derives it, so it follows the solution's)
 set -u
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH
+# Into the interpreter's own site-packages: a confined process (a learner's uvicorn server) sees the engine's
+# folder on its PYTHONPATH and nothing else of the judge's, so wheels beside it (--target) would be missing there.
+python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD/src
 OUT=${OUT:-$(mktemp -d)}
 python3 - <<'PY' || exit 2
 import re
