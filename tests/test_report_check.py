@@ -112,6 +112,19 @@ def test_a_busy_grade_widens_only_the_graders_slower_side(write, machine):
         _check(write(_report("reload_s: 0.1\n")), machine, measured(3.2, 40.0), status, spec)
 
 
+def test_a_busy_grade_widens_a_rate_on_its_lower_side(write, machine):
+    """A rate (tok/s) falls under load: the learner's idle 800 against the busy grader's 100 passes at contention
+    3 (8x within 3x3), and a report claiming less than the grader measured gets no widening."""
+    spec = Report.model_validate({"file": "report.md", "figures": [
+        {"name": "tok_s", "meaning": "tokens/s", "check": "load", "measured": "tok/s", "factor": 3,
+         "busy": "cpu contention", "busy_moves": "down"}]})
+    measured = {"load": {"tok/s": {"value": 100.0}, "cpu contention": {"value": 3.0}}}
+    status = {"load": "passed"}
+    assert _check(write(_report("tok_s: 800\n")), machine, measured, status, spec)["tok_s"]["value"] == 800.0
+    with pytest.raises(LabCheckFailed, match=r"grader's figure smaller than yours"):
+        _check(write(_report("tok_s: 20\n")), machine, measured, status, spec)
+
+
 def test_prose_in_any_wording_passes(write, machine):
     terse = {k: "Filled, in words nobody's regular expression expects: " + k.lower() + " ok."
              for k in PROSE}

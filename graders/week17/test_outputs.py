@@ -29,5 +29,7 @@ def test_greedy_outputs(served, judge_model, record):
                "usd per 1m output tokens": cost["usd_per_1m_output_tokens"]}
     if load["device_mb"] is not None:
         figures["device memory"] = load["device_mb"]  # the server's GPU memory, as the driver reports it
+    # the report's latencies and rates come from the learner's own run: a busier grade moves these
+    figures["cpu contention (grader)"] = load["contention"]
     for name, value in figures.items():
         record(name, value)

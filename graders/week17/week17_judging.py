@@ -15,7 +15,7 @@ import psutil
 
 import torch
 
-from infracourse.grader import LabCheckFailed, serving
+from infracourse.grader import LabCheckFailed, cpu_contention, serving
 from infracourse.kit import batching
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
 
@@ -179,7 +179,7 @@ def phase_load(server: serving.Server, seed: int) -> dict:
     metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
     metrics["decoding_at_once"] = decoding_at_once(records, duration)
     return {"specs": specs, "records": records, "metrics": metrics, "samples": samples,
-            "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server),
+            "idle": idle, "idle_after_s": waited, "rss_mb": peak_rss_mb(server), "contention": cpu_contention(),
             "device_mb": device_memory_mb(server)}
 
 

@@ -235,6 +235,9 @@ class ReportFigure(_Strict):
         "(>= 1, hardware.cpu_contention). A wall-clock time the learner took on their own run and the grader "
         "re-took on a busier machine is longer by about that much: the tolerance on the grader's slower side "
         "(factor and absolute) grows by it, never on the faster side.")
+    busy_moves: Literal["up", "down"] = Field(
+        default="up", description="Which way a busier machine moves the grader's figure: 'up' for a time or a "
+        "cost, 'down' for a rate (tokens or requests per second, goodput); `busy` widens that side only.")
 
     @model_validator(mode="after")
     def _source(self) -> "ReportFigure":

@@ -164,9 +164,9 @@ def _contention(figure: ReportFigure, measured: dict[str, dict]) -> float:
 
 
 def _agree(mine: float, ours: float, figure: ReportFigure, busy: float = 1.0) -> bool:
-    """Within the figure's tolerance; where the grader's figure is the larger, the tolerance grows by `busy`
-    (its measurement ran that much more contended: a timing can only lengthen under load)."""
-    slower = busy if ours > mine else 1.0
+    """Within the figure's tolerance; where the grader's figure is off the way load moves it (larger for a time,
+    smaller for a rate: `busy_moves`), the tolerance grows by `busy`, the contention its measurement ran under."""
+    slower = busy if (ours > mine) == (figure.busy_moves == "up") else 1.0
     if abs(mine - ours) <= figure.absolute * slower:
         return True
     if mine == 0 or ours == 0 or (mine > 0) != (ours > 0):
@@ -180,7 +180,8 @@ def _tolerance(figure: ReportFigure, busy: float = 1.0) -> str:
         parts.append(f"or {figure.absolute:g} apart")
     text = "accepted " + " ".join(parts) if parts else "must match"
     if figure.busy:
-        text += (f"; the grader's run shared the CPU {busy:.1f}x (load per core), so a grader's figure larger than "
+        way = "larger" if figure.busy_moves == "up" else "smaller"
+        text += (f"; the grader's run shared the CPU {busy:.1f}x (load per core), so a grader's figure {way} than "
                  f"yours may be up to {busy:.1f}x further off")
     return text
 
