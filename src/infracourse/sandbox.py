@@ -165,13 +165,20 @@ def _engine_args() -> list[str]:
     """The engine package read-only, without the course a wheel ships in it, and with only this week's kit
     modules (kit_access: the runner names them; outside a grade, the whole kit)."""
     engine = engine_dir()
-    args = ["--ro-bind", str(engine), str(engine)]
+    # The engine's parent is on the confined process's sys.path (PYTHONPATH). Made by bwrap to hold the mount,
+    # it is read-only under / (remounted at the end), but under the sandbox's own writable /tmp, /home or /root
+    # (a checkout in the learner's home, the usual case, or in /tmp) learner code could plant a
+    # sitecustomize.py or a .pth there: an empty read-only tmpfs holds the engine instead.
+    parent = engine.parent
+    held = not any(_under(parent, Path(p)) for p in [*SYSTEM_DIRS, *python_dirs()])
+    args = ["--tmpfs", str(parent)] if held else []
+    args += ["--ro-bind", str(engine), str(engine)]
     if (engine / "_course").is_dir():
         args += ["--tmpfs", str(engine / "_course"), "--remount-ro", str(engine / "_course")]
     week = kit_access.from_environment()
     if week is not None:
         args += ["--ro-bind", str(_kit_view(*map(tuple, week))), str(engine / "kit")]
-    return args
+    return args + (["--remount-ro", str(parent)] if held else [])
 
 
 @functools.lru_cache(maxsize=None)
