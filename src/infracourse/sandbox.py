@@ -170,7 +170,8 @@ def _engine_args() -> list[str]:
     # (a checkout in the learner's home, the usual case, or in /tmp) learner code could plant a
     # sitecustomize.py or a .pth there: an empty read-only tmpfs holds the engine instead.
     parent = engine.parent
-    held = not any(_under(parent, Path(p)) for p in [*SYSTEM_DIRS, *python_dirs()])
+    held = (str(parent) not in ("/", "/tmp")  # /tmp itself stays the writable TMPDIR (an engine at /tmp/infracourse)
+            and not any(_under(parent, Path(p)) for p in [*SYSTEM_DIRS, *python_dirs()]))
     args = ["--tmpfs", str(parent)] if held else []
     args += ["--ro-bind", str(engine), str(engine)]
     if (engine / "_course").is_dir():
