@@ -97,7 +97,8 @@ VARIANTS = {
     "admission only into an empty batch": ("throughput-vs-static", {"engine.py": replace_once(
         "        budget = self.cfg.max_num_batched_tokens - len(scheduled)",
         "        budget = 0 if scheduled else self.cfg.max_num_batched_tokens")},
-        ("preemption",)),  # it never fills the pool, so it never preempts either
+        # it never fills the pool, so it never preempts, and never has every slot taken for the starvation probe
+        ("preemption", "no-starvation")),
     # /debug/state built from the configuration: it always says every block is free, under load too (the
     # disconnect probe, which reads the state while a stream is live, sees it as well)
     "state that reports the configuration, not the engine": ("blocks-freed", {"engine.py": replace_once(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infracourse.grader import LabCheckFailed, collect, start_ranks
+from infracourse.grader import LabCheckFailed, collect, cpu_contention, start_ranks
 from infracourse.kit import sharding as S
 
 WORLDS = (2, 3)
@@ -276,3 +276,4 @@ def test_sharded_step_measured(launches, seed, record):
     if not all(isinstance(p, (int, float)) for p in peaks):
         raise LabCheckFailed(f"the course could not read the ranks' peak memory in world 2: {peaks}")
     record("peak memory mb per rank, world 2", max(peaks), unit="MiB")
+    record("cpu contention (grader)", cpu_contention(), unit="x")  # the report's step times are the learner's run

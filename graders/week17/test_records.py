@@ -23,7 +23,7 @@ def recomputed(m: dict) -> dict[str, float]:
 
 
 @pytest.mark.check("raw-records")
-def test_records_recompute_the_report(learner, judge_model):
+def test_records_recompute_the_report(learner, judge_model, record):
     try:
         records, duration, _ = read_records(learner.path(RECORDS))
     except FileNotFoundError:
@@ -46,6 +46,9 @@ def test_records_recompute_the_report(learner, judge_model):
                                  "order after its send time")
     check_outputs(judge_model, specs, records, RECORDS)
     metrics = compute_metrics(records, duration, percentiles=PERCENTILES, goodput_slo_ms=batching.BENCH_SLO_MS)
+    # goodput counts requests under a threshold: a busier grade's re-measure can fall 15x (178 vs 11 at load 9),
+    # so the report's goodput is held to these records, whose latencies the report check holds to the judge's
+    record("goodput (records)", metrics["request_goodput"], unit="requests/s")
     path = learner.path("report.md")
     reported = read_figures(path.read_text(encoding="utf-8"), path.name) if path.exists() else {}
     for name, value in recomputed(metrics).items():

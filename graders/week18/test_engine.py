@@ -30,6 +30,7 @@ CFG = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=2, n_layer=2)
 NUM_BLOCKS, BLOCK_SIZE = 48, 4
 MAX_TOKENS, ARRIVALS = 6, 60
 EXPIRE_S, WAIT_S = 0.3, 0.6  # the deadline probe: B's deadline, and the judge's wait after B's submit
+REJECT_OVER_CONTROL = 3  # a rejection may take this many queue_depth() calls (both do no work; a submit carries a prompt)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_bounded_queue_under_overload(learner, engine_module, record, seed):
     local, pool, engine = setup(learner, engine_module, seed, max_queue=max_queue)
     what = (f"seed {seed}: max_queue {max_queue}, one arrival per step, {MAX_TOKENS} tokens each "
             f"({MAX_TOKENS}x the capacity), {ARRIVALS} arrivals")
-    admitted, started, tokens, reject_s, step_s, depth_max = {}, set(), {}, [], [], 0
+    admitted, started, tokens, reject_s, step_s, depth_s, depth_max = {}, set(), {}, [], [], [], 0
     prompts = {}
     for i in range(ARRIVALS * 3):
         if i < ARRIVALS:
@@ -139,7 +140,9 @@ def test_bounded_queue_under_overload(learner, engine_module, record, seed):
                         "when admitted, None when rejected")
                 admitted[rid], prompts[rid], tokens[rid] = i, prompt, []
         waiting = sum(1 for rid in admitted if rid not in started)  # admitted, no token yet: queued
+        t0 = time.perf_counter()
         reported = engine.queue_depth()
+        depth_s.append(time.perf_counter() - t0)  # a call into the worker that does no work: the control
         depth_max = max(depth_max, waiting, reported if type(reported) is int else 0)
         require(waiting <= max_queue and reported == waiting,
                 f"{what}: after arrival {i} {waiting} admitted requests wait (queue_depth() says {reported!r}); "
@@ -173,7 +176,13 @@ def test_bounded_queue_under_overload(learner, engine_module, record, seed):
     record("max queue depth", depth_max, target=max_queue, unit="requests")
     require(p99 <= bound, f"{what}: admitted requests' P99 E2EL is {p99:.1f} steps; with at most {max_queue} ahead "
             f"and {MAX_TOKENS} steps each (one more to switch) it cannot exceed {bound}")
-    # the median: a rejection is one call into the worker, and one call's P99 on a shared machine is noise
-    require(reject_med <= max(0.005, step_med), f"{what}: a rejection took {reject_med * 1e3:.2f} ms (median), a "
-            f"whole decode step {step_med * 1e3:.2f} ms: refuse at once, before any work")
+    # the median: a rejection is one call into the worker, and one call's P99 on a shared machine is noise. On
+    # a busy machine every call into the worker waits for the CPU (5.4 ms medians against 1.3 ms steps seen at
+    # four grades at once), so a rejection may also take a few times what queue_depth(), a call that does no
+    # work, took in the same loop
+    control = statistics.median(depth_s)
+    record("queue_depth() call", control * 1e3, unit="ms", seconds=control)
+    require(reject_med <= max(0.005, step_med, REJECT_OVER_CONTROL * control),
+            f"{what}: a rejection took {reject_med * 1e3:.2f} ms (median), a whole decode step {step_med * 1e3:.2f} "
+            f"ms, a call to queue_depth() {control * 1e3:.2f} ms: refuse at once, before any work")
     require(pool.num_free == NUM_BLOCKS, f"{what}: after the overload {pool.num_free} of {NUM_BLOCKS} blocks are free")
