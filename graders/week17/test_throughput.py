@@ -5,11 +5,13 @@ once more, back to back. The throughput is compared at no worse P99 TTFT: a sche
 by making requests wait for their first token has not beaten static batching.
 
 On a busy CPU the wall-clock ratio understates the schedule: a step of 16 rows then costs more than the 12 ms floor
-while static batching's near-empty steps still fit in it, so the fuller batch is paid for twice. Output tokens per
-second times the mean time per output token (both the judge's, at the client) is the mean number of sequences
-decoding at once (Little's law), which a busy machine does not change: where the learner's steps measurably ran
-slower than the floor, that occupancy ratio stands in for the wall-clock one. Sleeping in a step or holding back
-chunks cannot raise it (the throughput falls by what the time per token gains); only a fuller batch can."""
+while static batching's near-empty steps still fit in it, so the fuller batch is paid for twice. Each request's
+time from its first to its last token, summed and divided by the run's length (the judge's clock, at the client),
+is the mean number of sequences decoding at once (Little's law), which a busy machine does not change. Where the
+machine was busy (the kernel's load per core, cpu_contention) and the learner's steps measurably ran slower than
+the floor, that occupancy ratio stands in for the wall-clock one, which must still reach 2x; on an idle machine
+only the wall clock counts, so slow scheduling code cannot pass as a busy machine. Sleeping in a step or holding
+back chunks cannot raise the occupancy; only a fuller batch can."""
 import pytest
 
 from infracourse.grader import LabCheckFailed, WrongOutput, cpu_contention
@@ -69,17 +71,17 @@ def test_throughput_against_static_batching(served, learner_server, static_serve
             f"output throughput at the load point: yours {ours:.0f} tok/s, the course's static batching "
             f"{theirs:.0f} tok/s: {ratio:.2f}x, at least {need:g}x expected. Admit waiting requests at every step "
             "(not only when the batch is empty), retire finished ones at once, and keep up to max_num_seqs "
-            "running." + _why_slow(pace, occupancy, contention, ratio, cfg.step_floor_ms, need))
+            "running." + _why_slow(pace, occupancy, contention, cfg.step_floor_ms, need))
 
 
-def _why_slow(pace: float, occupancy: float, contention: float, ratio: float, floor_ms: float, need: float) -> str:
+def _why_slow(pace: float, occupancy: float, contention: float, floor_ms: float, need: float) -> str:
     """What the step pace, the batch's occupancy and the machine's load say about a low ratio."""
     if pace <= BUSY_PACE:
         return ""
     steps = f" Your steps ran at {pace:.2f}x the {floor_ms:g} ms floor"
     if occupancy < need:
         return (f"{steps}, but the batch itself was only {occupancy:.2f}x static batching's (sequences decoding at "
-                "once: output tok/s x time per token), so a fuller batch, not an idle machine, is what is missing.")
+                "once, on the judge's clock), so a fuller batch, not an idle machine, is what is missing.")
     if contention < BUSY_LOAD:
         return (f"{steps} while the machine was not busy ({contention:.1f} runnable tasks per core): your batch "
                 f"is full ({occupancy:.2f}x static's), so the time goes elsewhere in your step loop (Python work "

@@ -232,9 +232,9 @@ class ReportFigure(_Strict):
     absolute: float = Field(default=0, ge=0, description="Accepted absolute difference (for figures near zero).")
     busy: str | None = Field(
         default=None, description="A figure the same check records: how contended the CPU was while it measured "
-        "(>= 1, hardware.cpu_contention). A wall-clock time the learner took on their own run and the grader "
-        "re-took on a busier machine is longer by about that much: the tolerance on the grader's slower side "
-        "(factor and absolute) grows by it, never on the faster side.")
+        "(>= 1, hardware.cpu_contention). A wall-clock figure the learner took on their own run and the grader "
+        "re-took on a busier machine is off by about that much: the tolerance (factor and absolute) grows by it, "
+        "at most report_check.BUSY_CAP, on the side `busy_moves` names only.")
     busy_moves: Literal["up", "down"] = Field(
         default="up", description="Which way a busier machine moves the grader's figure: 'up' for a time or a "
         "cost, 'down' for a rate (tokens or requests per second, goodput); `busy` widens that side only.")

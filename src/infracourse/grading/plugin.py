@@ -38,6 +38,7 @@ from infracourse.grading.protocol import FATAL_EXIT, read_settled
 from infracourse.grading.remote import LearnerHung, LearnerRaised, WorkerFailed
 from infracourse.grading.results import Figure, figures_of
 from infracourse.grading.shared import SORTS_AS, shared_module
+from infracourse.hardware import cpu_contention
 from infracourse.launch import hangs
 from infracourse.syllabus import Lab
 
@@ -237,12 +238,9 @@ def _spec(config) -> Lab:
 
 def _busy_note() -> str:
     """'; this machine was busy: ...' when the CPU load exceeds its cores (other work competed for the time)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return ""
-    cores = os.cpu_count() or 1
-    return f"; this machine was busy: load average {load:.1f} on {cores} cores" if load > cores else ""
+    contention, cores = cpu_contention(), os.cpu_count() or 1
+    return (f"; this machine was busy: load average {contention * cores:.1f} on {cores} cores" if contention > 1
+            else "")
 
 
 def classify(call, report) -> tuple[str, str, bool]:

@@ -140,12 +140,16 @@ def _grader_figure(figure: ReportFigure, measured: dict[str, dict], statuses: di
     if recorded is None:  # a restarted judge has the earlier ones too (the runner's settled.json): a course bug
         raise RuntimeError(f"the grader has no {figure.measured!r} from check {figure.check!r} to compare "
                            f"{figure.name} with: a course bug, not a fault of your report; please report it")
-    value = recorded.get(figure.compare_with) if isinstance(recorded, dict) else \
-        getattr(recorded, figure.compare_with, None)
+    value = _field(recorded, figure.compare_with)
     if not isinstance(value, (int, float)):
         raise RuntimeError(f"the grader recorded no {figure.compare_with} for {figure.measured!r} (check "
                            f"{figure.check!r}): a course bug, not a fault of your report; please report it")
     return float(value)
+
+
+def _field(recorded, name: str):
+    """A field of a recorded figure, whether it came as a Figure or as its JSON object (a restarted judge's)."""
+    return recorded.get(name) if isinstance(recorded, dict) else getattr(recorded, name, None)
 
 
 BUSY_CAP = 3.0  # the most a busy grade widens a tolerance: learner code that loads the CPU on purpose gains no more
@@ -155,8 +159,7 @@ def _contention(figure: ReportFigure, measured: dict[str, dict]) -> float:
     """The CPU contention the figure's check recorded while it measured, at most BUSY_CAP (1: not asked for)."""
     if not figure.busy:
         return 1.0
-    recorded = (measured.get(figure.check) or {}).get(figure.busy)
-    value = recorded.get("value") if isinstance(recorded, dict) else getattr(recorded, "value", None)
+    value = _field((measured.get(figure.check) or {}).get(figure.busy), "value")
     if not isinstance(value, (int, float)) or value < 1:
         raise RuntimeError(f"the grader recorded no CPU contention {figure.busy!r} (check {figure.check!r}) for "
                            f"{figure.name}: a course bug, not a fault of your report; please report it")
