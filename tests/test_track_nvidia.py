@@ -2,9 +2,9 @@
 with a message that says what to do, each wrong variant the issue names fails its check, and an honest solution
 with another kernel structure passes.
 
-A project's raw data and report figures belong to the machine that measured them: the shipped ones are a CPU's.
-On a GPU machine the proofs first run the project's own command (run.py) there and take its raw data and figures
-(`measured_here`), as a learner re-running the project on that machine would."""
+A project's raw data and report figures belong to the machine that measured them. The proofs first run the
+project's own command (run.py) on the machine under test and take its raw data and figures (`measured_here`), as
+a learner re-running the project on that machine would."""
 import json
 import re
 import shutil
@@ -38,22 +38,34 @@ def _figure(name: str, value: float):
     return _edit
 
 
+_RUNS: dict[tuple, tuple[dict, dict]] = {}  # run.py's raw data per files given, once per test process
+
+
 def measured_here(machine, tmp_path, files: dict[str, str] | None = None) -> dict:
-    """Edits that give the solution (with `files` over it) this machine's raw data and report figures: none on a
-    CPU (what ships was measured on one), on a GPU the output of its run.py run here."""
-    if not machine.gpu_count:
-        return dict(files or {})
-    work = tmp_path / "measured-here"
-    shutil.copytree(SOLUTION, work, dirs_exist_ok=True)
-    for name, text in (files or {}).items():
-        (work / name).write_text(text)
-    subprocess.run([sys.executable, "run.py", "--out", "raw"], cwd=work, check=True, timeout=600)
-    raw = {kind: json.loads((work / "raw" / f"{kind}.json").read_text()) for kind in ("baseline", "optimised")}
-    edits = {**(files or {}), **{f"raw/{p.name}": p.read_text() for p in (work / "raw").glob("*.json")}}
+    """Edits that give the solution (with `files` over it) this machine's raw data and report figures: the output
+    of its run.py run here, as a learner re-running the project on the machine graded would. On a CPU too: a
+    CPU's figures belong to the machine (the unfused norm took 0.12 ms on the host that wrote the shipped raw
+    data and 0.49 ms on CI's, a share of 0.04 against 0.15), so shipped ones cannot stand for this machine's."""
+    written = {name: text for name, text in (files or {}).items() if isinstance(text, str)}  # edits run.py reads
+    key = tuple(sorted(written.items()))
+    if key not in _RUNS:
+        work = tmp_path / "measured-here"
+        shutil.copytree(SOLUTION, work, dirs_exist_ok=True)
+        for name, text in written.items():
+            (work / name).write_text(text)
+        shutil.rmtree(work / "raw", ignore_errors=True)
+        subprocess.run([sys.executable, "run.py", "--out", "raw"], cwd=work, check=True, timeout=600,
+                       capture_output=True)
+        texts = {f"raw/{p.name}": p.read_text() for p in (work / "raw").glob("*.json")}
+        _RUNS[key] = texts, {kind: json.loads(texts[f"raw/{kind}.json"]) for kind in ("baseline", "optimised")}
+    texts, raw = _RUNS[key]
+    edits = {**(files or {}), **texts}
 
     def report(text: str) -> str:
         for name, (kind, key) in FIGURES.items():
             text = _figure(name, raw[kind][key])(text)
+        if not machine.gpu_count:  # the GPU experiments stay to be verified
+            return text
         return re.sub(r"^to_be_verified:.*$", "to_be_verified: []", text, flags=re.MULTILINE)
 
     edits["report.md"] = (lambda text, old=edits.get("report.md"): report(old(text) if callable(old) else old or text))

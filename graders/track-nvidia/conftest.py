@@ -19,7 +19,7 @@ from infracourse.grader import (CallRecord, LabCheckFailed, build_inputs, dtype_
                                 tokens)
 from infracourse.kit import gpt, hotspot, probes
 from infracourse.kit.probes import GPTTrainer
-from track_nvidia_judging import (Baseline, Effect, calls_per_round, judge_seconds, norm_spec, on_cpu, operator_race, seconds,
+from track_nvidia_judging import (Baseline, Effect, judge_seconds, norm_spec, on_cpu, operator_race, seconds,
                                   trainer_options, unfused_forward_backward, worker_race)
 
 
@@ -44,8 +44,12 @@ def baseline(size, device):
     trainer = GPTTrainer(size.config, None, **trainer_options(size, device))
     batches = tokens(dataclasses.asdict(size.config), size.batch, device=device, seed=1)
     spec = norm_spec(*size.norm_shape, size.dtype, device, seed=2)
-    step_s = judge_seconds(trainer, build_inputs(batches)(0), device, make_args=batches)
-    norm_s = judge_seconds(unfused_forward_backward, build_inputs(spec)(0), device, make_args=spec)
+    step_args, norm_args = build_inputs(batches)(0), build_inputs(spec)(0)
+    if on_cpu(device):  # a share is a ratio: its two times are taken in turns (kit.hotspot.cpu_seconds_in_turns)
+        step_s, norm_s = hotspot.cpu_seconds_in_turns((trainer, step_args), (unfused_forward_backward, norm_args))
+    else:
+        step_s = judge_seconds(trainer, step_args, device, make_args=batches)
+        norm_s = judge_seconds(unfused_forward_backward, norm_args, device, make_args=spec)
     step_counts = hotspot.count_call(trainer, *build_inputs(batches)(10**7))
     norm_counts = hotspot.count_call(unfused_forward_backward, *build_inputs(spec)(10**7))
     return Baseline(step_s, norm_s, hotspot.hotspot_share(norm_s, step_s, size), step_counts, norm_counts)
@@ -76,7 +80,7 @@ def effect(norm, learner, size, device, baseline):
 
     if on_cpu(device):
         trainer = in_worker(GPTTrainer, *yours_args, **trainer_options(size, device))
-        control = hotspot.Repeat(reference, calls_per_round(baseline.step_s))
+        control = hotspot.Repeat(reference, hotspot.calls_per_round(baseline.step_s))
         step_s, baseline_s = worker_race(learner, trainer, (idx, targets), check, control)
     else:  # each side in two windows, the faster kept: a burst of other work in one window does not decide
         step_s = min(seconds(timed(yours, batches, check=check, label="a training step of the course GPT with "

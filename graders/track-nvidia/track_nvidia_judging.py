@@ -35,14 +35,6 @@ def seconds(timing) -> float:
     return hotspot.timed_seconds(timing)
 
 
-ROUND_S = 0.15  # CPU seconds of one round of calls on a CPU (5 rounds after a warm-up, the least kept)
-
-
-def calls_per_round(estimate_s: float) -> int:
-    """Calls of a CPU round of ROUND_S, for calls of about `estimate_s` seconds each."""
-    return max(2, int(ROUND_S / max(estimate_s, 1e-6)))
-
-
 def on_cpu(device) -> bool:
     return not str(device).startswith("cuda")
 
@@ -52,8 +44,14 @@ def judge_seconds(fn: Callable, args: tuple, device, make_args=None) -> float:
     from `make_args`, a generator spec, when given)."""
     if on_cpu(device):
         once = hotspot.cpu_seconds_per_call(fn, args, 1, rounds=1)
-        return hotspot.cpu_seconds_per_call(fn, args, calls_per_round(once))
+        return hotspot.cpu_seconds_per_call(fn, args, hotspot.calls_per_round(once))
     return seconds(reference_time(fn, make_args if make_args is not None else (lambda: args)))
+
+
+# Rounds of a CPU race, the first a warm-up. The least of five per side put a fused norm's real 0.85x (one row, a
+# fixed cost per call) at anything from 0.66x to 1.16x among grades at three at once on two cores; the least of ten
+# comes nearer each side's floor
+RACE_ROUNDS = 11
 
 
 def worker_race(learner, spec: BuildInWorker, args: tuple, check: Callable, control: hotspot.Repeat,
@@ -61,7 +59,7 @@ def worker_race(learner, spec: BuildInWorker, args: tuple, check: Callable, cont
     """(worker, control) CPU seconds of one call: the worker object `spec` (a course probe around the learner's
     code), read from the worker's kernel accounting around kit.hotspot.Repeat of as many calls as `control`
     makes, and `control` (a kit.hotspot.Repeat of the judge's course code) on this thread's clock. The two sides take
-    turns, a round each, six times, and each keeps its least round after the first: measured in separate
+    turns, a round each, RACE_ROUNDS times, and each keeps its least round after the first: measured in separate
     windows, the same code's CPU seconds differed by up to 1.5x between windows of one grade on a shared
     2-core machine (cache and frequency), while rounds taken in turn share those conditions. With `inputs` (a
     generator spec) the worker's calls cycle through distinct inputs drawn in the worker and the judge checks
@@ -71,7 +69,7 @@ def worker_race(learner, spec: BuildInWorker, args: tuple, check: Callable, cont
     checked = args if inputs is None else build_inputs(inputs)(hotspot.Repeat.last_input(calls))
     clock = learner.worker.clock("cpu")
     mine = judge = float("inf")
-    for round_ in range(6):
+    for round_ in range(RACE_ROUNDS):
         judge_round = hotspot.thread_seconds(control, *args)
         start = clock()
         out = repeat(*args)
@@ -105,7 +103,7 @@ def operator_race(norm, learner, rows, cols, dtype, device, seed):
     if on_cpu(device):  # both sides cycle through the same distinct inputs (kit.hotspot.Repeat)
         generate = build_inputs(spec)
         once = hotspot.cpu_seconds_per_call(unfused_forward_backward, generate(0), 1, rounds=1)
-        control = hotspot.Repeat(unfused_forward_backward, calls_per_round(once), generate)
+        control = hotspot.Repeat(unfused_forward_backward, hotspot.calls_per_round(once), generate)
         return worker_race(learner, probe, (), check, control, inputs=spec)
     yours = learner.worker.build(probe)
     mine = timed(yours, spec, check=check, label=f"rms_norm forward + backward {what}")

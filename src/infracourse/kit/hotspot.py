@@ -94,15 +94,35 @@ def cpu_seconds_per_call(fn: Callable, args: tuple, calls: int, rounds: int = 5)
     clock, not the process's: with one intra-op thread (timing_threads) the op runs here, and the process
     clock would also count whatever other threads of this process do meanwhile (a spinning OpenMP pool, a
     reader thread)."""
-    def round_of_calls():
-        for _ in range(calls):
-            fn(*args)
-
     best = float("inf")
     for round_ in range(rounds + 1):
-        spent = thread_seconds(round_of_calls)
+        spent = thread_seconds(Repeat(fn, calls), *args)
         if round_:
             best = min(best, spent / calls)
+    return best
+
+
+ROUND_S = 0.15  # CPU seconds of one round of timed calls on a CPU
+
+
+def calls_per_round(estimate_s: float) -> int:
+    """Calls of a CPU round of ROUND_S, for calls of about `estimate_s` seconds each."""
+    return max(2, int(ROUND_S / max(estimate_s, 1e-6)))
+
+
+def cpu_seconds_in_turns(*timed: tuple[Callable, tuple], rounds: int = 5) -> list[float]:
+    """CPU seconds of one call of each (fn, args), as cpu_seconds_per_call measures it, but in turns: a round
+    of each, `rounds` times after a warm-up round, each keeping its least round. For figures that are a ratio
+    of two timings (a speed-up, a share): measured in separate windows, the same unfused norm's CPU seconds
+    moved by 2x between runs on one idle 2-core machine (0.24 to 0.47 ms), while rounds taken in turn share
+    the conditions of the moment (cache, frequency, the other hyperthread's work)."""
+    sized = [(Repeat(fn, calls_per_round(cpu_seconds_per_call(fn, args, 1, rounds=1))), args) for fn, args in timed]
+    best = [float("inf")] * len(sized)
+    for round_ in range(rounds + 1):
+        for i, (repeat, args) in enumerate(sized):
+            spent = thread_seconds(repeat, *args)
+            if round_:
+                best[i] = min(best[i], spent / repeat.calls)
     return best
 
 
