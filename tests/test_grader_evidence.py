@@ -85,3 +85,58 @@ def test_the_reader_finds_an_unread_key_and_an_unread_field(tmp_path):
         "def test_x(p, probe):\n    d = p.get()\n    assert d['records'] and 'full' in d and probe.seen\n")
     assert unread_evidence(tmp_path) == ["w_judging.py: phase_load() returns 'waited_s', which no check reads",
                                          "w_judging.py: Probe.spare is never read"]
+
+
+def phase_readers(folder: Path) -> dict[str, set[str]]:
+    """phase name -> the check ids whose test reads `<fixture>.phases["name"]`, itself or through a function of
+    the same file it calls (a shared probe), over a grader folder's tests."""
+    readers: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("test_*.py")):
+        functions = [fn for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+                     if isinstance(fn, ast.FunctionDef)]
+        direct = {fn.name: {node.slice.value for node in ast.walk(fn)
+                            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                            and isinstance(node.value, ast.Attribute) and node.value.attr == "phases"}
+                  for fn in functions}
+        for fn in functions:
+            ids = [d.args[0].value for d in fn.decorator_list if isinstance(d, ast.Call) and d.args
+                   and ast.unparse(d.func).endswith("mark.check") and isinstance(d.args[0], ast.Constant)]
+            called = {node.func.id for node in ast.walk(fn)
+                      if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in direct}
+            for phase in set().union(direct[fn.name], *(direct[name] for name in called)):
+                if ids:
+                    readers.setdefault(phase, set()).update(ids)
+    return readers
+
+
+def declared_phase_checks(folder: Path) -> dict[str, set[str]] | None:
+    """The PHASE_CHECKS literal of a grader's conftest (which phases a partial grade runs), if it has one."""
+    conftest = folder / "conftest.py"
+    if not conftest.exists():
+        return None
+    for node in ast.parse(conftest.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PHASE_CHECKS"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if declared_phase_checks(f) is not None], ids=lambda p: p.name)
+def test_a_partial_grade_runs_every_phase_its_checks_read(folder):
+    """A grader that runs only the phases a partial grade's checks read (PHASE_CHECKS, with the graded_checks
+    fixture) must list every check that reads a phase: one missing would find its phase never run when graded
+    alone, an error the whole week's grade never shows."""
+    declared = declared_phase_checks(folder)
+    for phase, ids in phase_readers(folder).items():
+        assert phase in declared, f"{folder.name}: phase {phase!r} is read by {sorted(ids)} but PHASE_CHECKS lacks it"
+        missing = ids - declared[phase]
+        assert not missing, f"{folder.name}: {sorted(missing)} read phase {phase!r}; add them to PHASE_CHECKS"
+
+
+def test_phase_readers_finds_a_check_reading_a_phase(tmp_path):
+    (tmp_path / "test_x.py").write_text('import pytest\n\n@pytest.mark.check("c1")\ndef test_c(graded):\n'
+                                        '    probe(graded)\n    return graded.phases["load"].get()\n\n\n'
+                                        'def probe(graded):\n    graded.phases["idle"].get()\n')
+    (tmp_path / "conftest.py").write_text('PHASE_CHECKS = {"load": {"c2"}}\n')
+    assert phase_readers(tmp_path) == {"load": {"c1"}, "idle": {"c1"}}
+    assert declared_phase_checks(tmp_path) == {"load": {"c2"}}

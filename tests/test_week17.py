@@ -1,5 +1,5 @@
 """Week 17 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check (and only it), and an honest solution in another style
+wrong variant the issue names fails its own check, and an honest solution in another style
 (tests/fixtures/week17-honest: chunked prefill, an asyncio loop running each step in a worker thread,
 disconnects and deadlines polled between tokens, 503 refusals) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes
+from labproof import assert_solution_passes, assert_variant_fails
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
@@ -125,15 +125,12 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
-    check_id, edits, *also = VARIANTS[name]  # also: other checks that see the same mistake
-    result, checks = grade_lab("week17", edits=edits)
-    assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
-    others = {c.id: (c.status, c.message[:300]) for c in checks.values()
-              if c.id not in (check_id, "report", "throughput-vs-static", *(also[0] if also else ()))
-              and c.status != "passed"}
-    assert not others, others
-    assert not result.complete
+def test_wrong_variant_fails_its_check(grade_lab, name):
+    """Graded on its check alone (and what it requires): the grade runs only the phases that check reads
+    (PHASE_CHECKS), as `infracourse grade week17 --check ID` does. The table's third item names other checks
+    that may see the same mistake too; they are not graded here."""
+    check_id, edits, *_ = VARIANTS[name]
+    assert_variant_fails(grade_lab, "week17", check_id, edits)
 
 
 def test_report_in_other_words_passes(grade_lab):

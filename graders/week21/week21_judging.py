@@ -177,9 +177,17 @@ def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:
 
 
 def phase_capacity(server: serving.Server, seed: int, claimed: float) -> dict:
+    """The claim rerun at 0.9x (it must hold) and 1.15x (it must break). A 0.9x run that misses is run once more
+    on other arrivals and the second stands, as a timed check is measured twice: at 90 % of the slot ceiling a
+    loaded machine that holds up the learner's gateway for a moment queues a few requests past the TTFT bound
+    (an honest gateway: 84.4 % within the SLO in one grade of six at three at once, 100 % in the others), while
+    a claim above what the platform holds misses in both."""
     below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
+    first = None
+    if below["good_fraction"] < ps.CAPACITY_GOODPUT_FRACTION:
+        first, below = below["good_fraction"], capacity_run(server, CAPACITY_BELOW * claimed, seed + 23)
     above = capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)
-    return {"claimed": claimed, "below": below, "above": above}
+    return {"claimed": claimed, "below": below, "above": above, "below_first": first}
 
 
 def phase_deploys(server: serving.Server, seed: int) -> dict:

@@ -93,6 +93,15 @@ def learner(request) -> Learner:
 
 
 @pytest.fixture(scope="session")
+def graded_checks(request) -> frozenset[str]:
+    """The check ids this grade runs: every check of lab.yaml, or a partial grade's (grading.selection). A
+    session fixture that drives learner code through several phases for different checks runs only the phases
+    these checks read: a partial grade of one check then takes that phase's time, not the week's."""
+    session = request.config._infracourse
+    return frozenset(session.only or (c.id for c in session.lab.checks))
+
+
+@pytest.fixture(scope="session")
 def hardware():
     return current_hardware()
 
