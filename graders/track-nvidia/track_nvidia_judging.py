@@ -43,8 +43,7 @@ def judge_seconds(fn: Callable, args: tuple, device, make_args=None) -> float:
     """Seconds of one fn(*args) of course code here: CPU seconds on a CPU, bench.measure on a GPU (fresh inputs
     from `make_args`, a generator spec, when given)."""
     if on_cpu(device):
-        once = hotspot.cpu_seconds_per_call(fn, args, 1, rounds=1)
-        return hotspot.cpu_seconds_per_call(fn, args, hotspot.calls_per_round(once))
+        return hotspot.cpu_seconds_in_turns((fn, args))[0]
     return seconds(reference_time(fn, make_args if make_args is not None else (lambda: args)))
 
 

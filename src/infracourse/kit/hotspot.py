@@ -94,11 +94,18 @@ def cpu_seconds_per_call(fn: Callable, args: tuple, calls: int, rounds: int = 5)
     clock, not the process's: with one intra-op thread (timing_threads) the op runs here, and the process
     clock would also count whatever other threads of this process do meanwhile (a spinning OpenMP pool, a
     reader thread)."""
-    best = float("inf")
+    return _least_rounds([(Repeat(fn, calls), args)], rounds)[0]
+
+
+def _least_rounds(repeats: list[tuple["Repeat", tuple]], rounds: int) -> list[float]:
+    """Seconds of one call of each Repeat, on this thread's clock: a round of each in turn, `rounds` times after
+    a warm-up round, each keeping its least round."""
+    best = [float("inf")] * len(repeats)
     for round_ in range(rounds + 1):
-        spent = thread_seconds(Repeat(fn, calls), *args)
-        if round_:
-            best = min(best, spent / calls)
+        for i, (repeat, args) in enumerate(repeats):
+            spent = thread_seconds(repeat, *args)
+            if round_:
+                best[i] = min(best[i], spent / repeat.calls)
     return best
 
 
@@ -117,13 +124,7 @@ def cpu_seconds_in_turns(*timed: tuple[Callable, tuple], rounds: int = 5) -> lis
     moved by 2x between runs on one idle 2-core machine (0.24 to 0.47 ms), while rounds taken in turn share
     the conditions of the moment (cache, frequency, the other hyperthread's work)."""
     sized = [(Repeat(fn, calls_per_round(cpu_seconds_per_call(fn, args, 1, rounds=1))), args) for fn, args in timed]
-    best = [float("inf")] * len(sized)
-    for round_ in range(rounds + 1):
-        for i, (repeat, args) in enumerate(sized):
-            spent = thread_seconds(repeat, *args)
-            if round_:
-                best[i] = min(best[i], spent / repeat.calls)
-    return best
+    return _least_rounds(sized, rounds)
 
 
 class Repeat:
