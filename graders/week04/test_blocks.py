@@ -24,8 +24,10 @@ def _config(cfg: GPTConfig) -> BuildInWorker:
     return in_worker(GPTConfig, **dataclasses.asdict(cfg))
 
 
-def _compare(learner, mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward=True):
-    """Same weights, same input: outputs and every gradient must agree; no library op may do the work."""
+def _compare(learner, mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL, backward=True, output_atol_scale=None):
+    """Same weights, same input: outputs and every gradient must agree; no library op may do the work.
+    output_atol_scale: the output's absolute tolerance is this times its largest magnitude (for outputs whose
+    elements sum large terms that cancel), instead of atol."""
     try:
         mine.load_state_dict(dict(reference.state_dict()))
     except LearnerRaised as exc:
@@ -50,7 +52,8 @@ def _compare(learner, mine, reference, x, what, forbidden, rtol=RTOL, atol=ATOL,
         raise LabCheckFailed(f"{what} called {used}: write it from tensor ops (matmul, softmax, erf, ...), not the "
                              "library's fused op")
     expected = reference(x_ref)
-    assert_close(out, expected, rtol=rtol, atol=atol, what=f"{what}: output")
+    out_atol = atol if output_atol_scale is None else output_atol_scale * max(1.0, expected.abs().max().item())
+    assert_close(out, expected, rtol=rtol, atol=out_atol, what=f"{what}: output")
     if not backward:
         return
     grad = torch.randn_like(expected)
@@ -114,8 +117,13 @@ def test_attention(learner, blocks, seed):
 
 @pytest.mark.check("block-mlp")
 def test_mlp(learner, blocks, seed):
+    # x 20 puts hidden units in GELU's tails. Each output sums 256 products up to ~40 and cancels to ~0.1, so an
+    # honest order of additions differs by a few hundred eps of that sum (seen: 1.28e-4 at -0.071 on one CI CPU,
+    # seed 2133197519, where this machine's BLAS differed by 2e-6): the output's absolute tolerance follows its
+    # magnitude. A tanh-approximated GELU still fails on the gradients, at 9x their tolerance or more.
     for cfg, x, what in _cases(seed):
-        _compare(learner, blocks.MLP(_config(cfg)), MLP(cfg), x * 20, f"MLP on {what} x 20", ("gelu",))
+        _compare(learner, blocks.MLP(_config(cfg)), MLP(cfg), x * 20, f"MLP on {what} x 20", ("gelu",),
+                 output_atol_scale=1e-4)
 
 
 def _kit_layouts(batch, seq, cfg):
