@@ -37,11 +37,24 @@ def test_a_bad_selection_says_which_and_what_exists(ids, pattern, words):
     assert "\n" not in message and all(w in message for w in words), message
 
 
-def test_a_check_brings_what_it_requires_and_a_report_the_whole_week():
+def test_a_check_brings_what_it_requires_and_a_report_the_checks_its_figures_name():
     assert with_prerequisites(WEEK07, ["add-correct"]) == ["add-correct"]
     assert with_prerequisites(WEEK07, ["add-bandwidth"]) == ["add-correct", "masks", "kernel-did-work", "add-large",
                                                               "add-bandwidth"]
-    assert with_prerequisites(WEEK07, ["report"]) == [c.id for c in WEEK07.checks]
+    # week 1's report compares one figure, measured by `overhead`; week 4's only figures follow from its setup
+    week01, week04 = Course(REPO).lab("week01").spec, Course(REPO).lab("week04").spec
+    assert {f.check for f in week01.report.figures} == {"overhead"}
+    assert with_prerequisites(week01, ["report"]) == ["overhead", "report"]
+    assert with_prerequisites(week04, ["report"]) == ["report"]
+    # week 7's figures are its two bandwidths: they bring what those require, not the whole week
+    assert "reduce-bandwidth" in with_prerequisites(WEEK07, ["report"])
+    assert set(with_prerequisites(WEEK07, ["report"])) < {c.id for c in WEEK07.checks}
+
+
+def test_a_track_projects_report_brings_the_whole_week():
+    """Its to_be_verified list must name exactly the checks blocked here: it reads every check's status."""
+    project = Course(REPO).lab("week24", track="nvidia").spec
+    assert with_prerequisites(project, ["report"]) == [c.id for c in project.checks]
 
 
 def test_the_runner_grades_only_the_selection_and_the_result_is_partial(tmp_path, machine):

@@ -121,12 +121,12 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine, style):
 
 def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
-    _, checks = grade_lab("week01", edits={"report.md": reworded})
+    _, checks = grade_lab("week01", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 
 def test_report_with_an_invented_figure_fails(grade_lab, machine):
-    _, checks = grade_lab("week01", edits={"report.md": invented("loop_ns_per_element", 10.0)})
+    _, checks = grade_lab("week01", edits={"report.md": invented("loop_ns_per_element", 10.0)}, checks=["report"])
     assert checks["report"].status == "failed"
     assert "loop_ns_per_element = " in checks["report"].message and "the grader measured" in checks["report"].message
 

@@ -86,7 +86,7 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 
 def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
-    _, checks = grade_lab("week05", edits={"report.md": reworded})
+    _, checks = grade_lab("week05", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 

@@ -99,14 +99,14 @@ def test_wrong_variant_fails_its_check(grade_lab, file, name):
 
 def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
-    _, checks = grade_lab("week06", edits={"report.md": reworded})
+    _, checks = grade_lab("week06", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 
 def test_report_with_an_invented_figure_fails(grade_lab, machine):
     if not machine.gpu_count:
         pytest.skip("the figure is measured on a GPU; without one its check is blocked and it is not compared")
-    _, checks = grade_lab("week06", edits={"report.md": invented("estimated_total_bytes", 10.0)})
+    _, checks = grade_lab("week06", edits={"report.md": invented("estimated_total_bytes", 10.0)}, checks=["report"])
     assert checks["report"].status == "failed"
     assert "estimated_total_bytes = " in checks["report"].message and "the grader measured" in checks["report"].message
 

@@ -92,11 +92,11 @@ def test_wrong_variant_fails_its_check(grade_lab, machine, name):
 
 def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
-    _, checks = grade_lab("week09", edits={"report.md": reworded})
+    _, checks = grade_lab("week09", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 
 def test_report_with_an_invented_figure_fails(grade_lab, machine):
-    _, checks = grade_lab("week09", edits={"report.md": invented("intensity_4096_bf16", 10.0)})
+    _, checks = grade_lab("week09", edits={"report.md": invented("intensity_4096_bf16", 10.0)}, checks=["report"])
     assert checks["report"].status == "failed"
     assert "intensity_4096_bf16 = " in checks["report"].message and "the grader computes" in checks["report"].message

@@ -94,12 +94,12 @@ def test_wrong_variant_fails_its_check_and_only_it(grade_lab, name):
 
 
 def test_report_in_other_words_passes(grade_lab):
-    _, checks = grade_lab("week19", edits={"report.md": reworded})
+    _, checks = grade_lab("week19", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 
 def test_invented_data_wait_fails_the_report(grade_lab):
-    _, checks = grade_lab("week19", edits={"report.md": invented("data_wait_sync_s", 5.0)})
+    _, checks = grade_lab("week19", edits={"report.md": invented("data_wait_sync_s", 5.0)}, checks=["report"])
     assert checks["report"].status == "failed"
     assert "data_wait_sync_s" in checks["report"].message
 

@@ -111,7 +111,7 @@ def test_honest_gateway_in_another_style_passes(grade_lab, machine):
 
 
 def test_report_in_other_words_passes(grade_lab):
-    _, checks = grade_lab("week21", edits={"report.md": reworded})
+    _, checks = grade_lab("week21", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 

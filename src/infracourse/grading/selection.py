@@ -3,8 +3,10 @@
 A partial grade is for iterating on one check in seconds; it never completes a week (GradeResult.partial).
 What a named check needs comes with it, so its verdict is the one a whole grade would give:
 - every check it `requires` (lab.yaml), transitively: the runner withholds credit unless they pass too;
-- for a `report` check, the whole week: it compares its figures with what the other checks measured and
-  lists the checks this machine could not run, so it reads every other check's result.
+- for a weekly `report` check, the checks its figures name (lab.yaml `report.figures[].check`): it compares each
+  figure with what that check measured in the same grade, and reads no other check's result;
+- for a track project's report, the whole week: its to_be_verified list must name exactly the checks blocked
+  here, so it reads every other check's status.
 `-k` takes pytest's -k expressions over check ids (`-k add`, `-k "reduce and not bandwidth"`): a word matches
 an id that contains it, case-insensitively.
 """
@@ -19,6 +21,7 @@ try:  # pytest 8 raises its own ParseError on a malformed -k expression, pytest 
 except ImportError:
     KSyntaxError = SyntaxError
 
+from infracourse.grading.shared import is_project
 from infracourse.syllabus import Lab
 
 
@@ -57,7 +60,9 @@ def with_prerequisites(spec: Lab, ids: Iterable[str]) -> list[str]:
             continue
         needed.add(check.id)
         if check.kind == "report":
-            return [c.id for c in spec.checks]
+            if is_project(spec):
+                return [c.id for c in spec.checks]
+            todo.extend(f.check for f in (spec.report.figures if spec.report else []) if f.check)
         todo.extend(check.requires)
     return [c.id for c in spec.checks if c.id in needed]
 
