@@ -239,9 +239,10 @@ def step_figures(launches, name: str, world: int, seed: int) -> dict:
     step with the time and payload inside collectives read before and after. Held against the judge's own
     clock around the launch. Returns the step time (median of the slowest rank), the communication share (time
     inside collectives / step time, summed over the same steps, mean of the ranks), the payload per step (every
-    step of every rank moves the same bytes, or the message says which did not)."""
+    step of every rank moves the same bytes in the same number of collective calls, or the message says which
+    did not)."""
     ranks = results(launches, name, world, seed)
-    shares, medians, payloads = [], [], set()
+    shares, medians, payloads, calls = [], [], set(), set()
     for rank, part in enumerate(ranks):
         steps = part.get("steps") or []
         if len(steps) < 2:
@@ -256,11 +257,16 @@ def step_figures(launches, name: str, world: int, seed: int) -> dict:
         shares.append(comm / total)
         medians.append(sorted(t["s"] for t in timed)[len(timed) // 2])
         payloads |= {t["comm_bytes"] for t in timed}
+        calls |= {t.get("comm_calls") for t in timed}
+    if len(calls) != 1 or not isinstance(min(calls, key=str), int) or min(calls, key=str) < 1:
+        raise LabCheckFailed(f"the {name} steps of world {world} made {sorted(map(str, calls))} collective calls from "
+                             f"step to step or rank to rank (seed {seed}): every step of the same workload should "
+                             "make the same collectives, at least one (the gradients must be reduced)")
     if len(payloads) != 1:
         raise LabCheckFailed(f"the {name} steps of world {world} moved different payloads through collectives from "
                              f"step to step or rank to rank ({sorted(payloads)} B; seed {seed}): every step of the "
                              "same workload should communicate the same buffers")
-    return {"step_s": max(medians), "share": sum(shares) / len(shares), "bytes": payloads.pop()}
+    return {"step_s": max(medians), "share": sum(shares) / len(shares), "bytes": payloads.pop(), "calls": calls.pop()}
 
 
 @pytest.mark.check("sharded-step-measured")
@@ -272,6 +278,7 @@ def test_sharded_step_measured(launches, seed, record):
         record(f"{label} step ms, world 2", 1e3 * got["step_s"], unit="ms")
         record(f"{label} communication share, world 2", got["share"])
         record(f"{label} communication bytes per step, world 2", got["bytes"], unit="B", bytes=got["bytes"])
+        record(f"{label} collective calls per step, world 2", got["calls"])
     peaks = [out.get("peak_memory_mb") for out in launches[2].outputs]
     if not all(isinstance(p, (int, float)) for p in peaks):
         raise LabCheckFailed(f"the course could not read the ranks' peak memory in world 2: {peaks}")
