@@ -39,6 +39,13 @@ def claimed_rate(factor: float):
     return edit
 
 
+def points_up_to_the_claim(text: str) -> str:
+    """capacity.json as a sweep that stopped at its claim writes it: no point above the claim missed the SLO."""
+    data = json.loads(text)
+    data["points"] = [p for p in data["points"] if p["rate"] <= data["capacity_requests_per_s"] * 1.001]
+    return json.dumps(data)
+
+
 VARIANTS = {
     # the supervisor restarts the service, but a request whose stream broke is answered with an error
     "supervisor that loses queued requests": ("no-request-lost", {"gateway.py": replace_once(
@@ -68,6 +75,11 @@ VARIANTS = {
         "        self.queues[name].append(waiter)", "        self.queues[\"A\"].append(waiter)")}),
     # a cost per request the run did not give (the grader prices its own rerun at the same device price)
     "invented cost in the report": ("report", {"report.md": invented("usd_per_1k_requests", 2.0)}),
+    # issue 29 class 4: a P99 TTFT 20 % off the sweep's own point (another run's, or rounded up); it passed while the
+    # report was compared only with the judge's 0.9x rerun, within 4x
+    "at-capacity TTFT not the sweep's": ("report", {"report.md": invented("ttft_p99_ms_at_capacity", 1.2)}),
+    # a claim with no measured miss above it: the sweep stopped (or was cut) at the claim
+    "sweep with no miss above its claim": ("capacity-reproduced", {"capacity.json": points_up_to_the_claim}),
 }
 
 
@@ -183,7 +195,7 @@ def _capacity_grade(monkeypatch, claimed: float, good_fraction: float, tpot_ms: 
            "metrics": {"failed": 0, "ttft_ms": {"p99": 600.0}, "tpot_ms": stats}}
     graded = type("Graded", (), {"device": "cpu", "phases": {"capacity": Phase(data={
         "claimed": claimed, "below": run, "above": {**run, "good_fraction": 0.5}, "below_first": 0.85})}})
-    check.test_capacity_reproduced(graded, None, lambda *a, **k: None)
+    check.test_capacity_reproduced(graded, None, lambda *a, **k: None, None)
 
 
 @pytest.mark.parametrize("claimed,tpot_ms,busy", [
