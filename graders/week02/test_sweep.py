@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from infracourse import bench
-from infracourse.grader import LabCheckFailed
+from infracourse.grader import LabCheckFailed, cpu_contention
 from infracourse.kit.data import ImageSet, dataset_batches, to_device
 
 from week02_judging import BASELINE
@@ -107,6 +107,12 @@ def test_runs_observed(sweep, record):
             "every step with that model and optimiser (train_step). A row is graded against the run it describes.")
     worst = high_use = compute_low = compute_use = 0.0
     compute_low = math.inf
+    # The learner stops its clock after the last stamped step; on a loaded machine the scheduler may run another
+    # task in between (a step of 8 x 1.1 ms was once reported 2 ms long that way, at three grades at once on 2
+    # cores): one slice more per 1 of load over a core, at most 4 ms, which the learner's own load cannot raise
+    # further
+    contention = cpu_contention()
+    slack_s = 1e-3 + min(4e-3, 2e-3 * (contention - 1.0))
     for config, run in zip(sweep.configs, sweep.runs):
         key = (config["read"], config["batch_size"], config["workers"])
         what = f"read={key[0]} batch_size={key[1]} workers={key[2]}"
@@ -139,7 +145,7 @@ def test_runs_observed(sweep, record):
         stamped_compute = sum(end - start for start, end, *_ in timed)
         # The timed loop contains every timed step's model call and optimiser step, and lies after the
         # warm-up's last step: a step time outside these bounds is not this run's.
-        low, high = (last_end - first_start) * 0.97 - 1e-4, (last_end - after_warmup) * 1.10 + 1e-3
+        low, high = (last_end - first_start) * 0.97 - 1e-4, (last_end - after_warmup) * 1.10 + slack_s
         worst = max(worst, step_total / max(last_end - first_start, 1e-9))
         high_use = max(high_use, step_total / high)
         compute_low = min(compute_low, compute_total / max(stamped_compute, 1e-9))
@@ -148,7 +154,8 @@ def test_runs_observed(sweep, record):
             raise LabCheckFailed(
                 f"{what}: step_ms {float(row['step_ms']):.3f} ms, but the stamped model trained these "
                 f"{sweep.steps} timed steps in {(last_end - first_start) / sweep.steps * 1e3:.3f} ms each "
-                f"(at most {(last_end - after_warmup) / sweep.steps * 1e3:.3f} ms with the data waits): time the "
+                f"(at most {(last_end - after_warmup) / sweep.steps * 1e3:.3f} ms with the data waits, plus "
+                f"{slack_s * 1e3:.0f} ms in all for the machine's load, {contention:.1f} per core): time the "
                 "steps you report, on the host clock, from before the first timed batch is fetched to after "
                 "the last step, and divide by the steps.")
         if compute_total < stamped_compute * 0.97 - 1e-4 or \
@@ -160,6 +167,7 @@ def test_runs_observed(sweep, record):
                 "stops after it (and the device) finished, and holds nothing else.")
     record("reported step over stamped span (worst)", worst, unit="x")
     record("reported step over its upper bound (worst)", high_use, unit="x")
+    record("cpu contention", contention, unit="x")
     if math.isfinite(compute_low):
         record("reported compute over stamped (lowest)", compute_low, unit="x")
     record("reported compute over its upper bound (worst)", compute_use, unit="x")
