@@ -243,3 +243,29 @@ def test_restart_at_rest_counts_cpu_seconds_not_the_wait(monkeypatch):
     assert wall >= 1.8, wall
     assert 0.3 <= at_rest < wall - 1.0, (at_rest, wall)
     assert judge.restart_at_rest({"killed": killed, "new": {"pid": proc.pid}}) is None  # gone: no figure
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda data: data.pop("points"), "no sweep points the judge can read"),
+    (lambda data: data["points"][0].update(ttft_p99_ms="fast"), "no sweep points the judge can read"),
+    (lambda data: data.update(capacity_requests_per_s=12.9), "none of its 6 sweep points was run at that rate"),
+    (lambda data: data["points"][4].update(goodput_fraction=0.97), "the claim must be a rate that held"),
+    (lambda data: data["points"].pop(5), "no point at most 5 % above"),
+])
+def test_a_capacity_json_without_its_evidence_fails_naming_the_fix(monkeypatch, tmp_path, edit, says):
+    """Issue 29 class 4: the report's at-capacity figures are capacity.json's point at the claim, so the judge
+    reads that point (it held) and the miss above it; a file without them fails with the fix, never a crash."""
+    from infracourse.failures import LabCheckFailed
+
+    judge = _week21_judge(monkeypatch)
+    data = json.loads((SOLUTION / "capacity.json").read_text())
+    assert len(data["points"]) == 6 and data["points"][4]["rate"] == pytest.approx(data["capacity_requests_per_s"], rel=1e-4)
+    point = judge.capacity_point(type("L", (), {"path": lambda self, name: SOLUTION / name})(),
+                                 data["capacity_requests_per_s"])
+    assert point is not None and point["goodput_fraction"] >= 0.99
+    edit(data)
+    (tmp_path / "capacity.json").write_text(json.dumps(data))
+    learner = type("L", (), {"path": lambda self, name: tmp_path / name})()
+    with pytest.raises(LabCheckFailed) as caught:
+        judge.capacity_point(learner, data["capacity_requests_per_s"])
+    assert says in str(caught.value) and "capacity.json" in str(caught.value), str(caught.value)

@@ -12,7 +12,7 @@ import pytest
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import platform_service as ps
 from infracourse.kit.loadgen import serving_cost
-from week21_judging import CAPACITY_ABOVE, CAPACITY_BELOW, capacity_points, check_outputs
+from week21_judging import CAPACITY_ABOVE, CAPACITY_BELOW, capacity_point, check_outputs
 
 SLO = f"TTFT <= {ps.CAPACITY_SLO_MS['ttft']:g} ms and TPOT <= {ps.CAPACITY_SLO_MS['tpot']:g} ms"
 CEILING_SLACK = 1.1  # an 8 s run's queue lets a rate pass the slot ceiling by ~5 % within the TTFT bound, not 10 %
@@ -73,7 +73,7 @@ def test_capacity_reproduced(graded, judge_model, record, learner):
             "goodput fraction falls under 99 %, and report the last rate before it")
     # the report's at-capacity figures are those of capacity.json's point at the claim (held tight by the report
     # check); that point is held here against the judge's rerun, as loosely as two rates and two times allow
-    point, _ = capacity_points(learner, claimed)
+    point = capacity_point(learner, claimed)
     sweep = {"ttft p99": point["ttft_p99_ms"], "tpot p99": point["tpot_p99_ms"],
              "usd per 1k requests": 1000 * ps.DEVICE_PRICE_PER_HOUR * point["duration_s"] / 3600
              / (point["requests"] - point["failed"])}
