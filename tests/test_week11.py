@@ -170,6 +170,24 @@ VARIANTS = {
     "ring rows scaled by 1/3": ("sweep-remeasured", "sweep.csv", _scaled(1 / 3, "ring")),
     # a mean per size instead of every timed call
     "a mean per size": ("sweep-csv", "sweep.csv", _means_only),
+    # issue 29, the clean path only while observed: the ring below the timed sizes, the library above them (the
+    # correctness cases are all small, so only the timed calls' probe sees it)
+    "the library above the correctness cases' sizes": ("point-to-point-only", COLLECTIVES, replace_once(
+        "    block = ring_reduce_scatter(x)\n",
+        "    if x.numel() > 4096:\n        dist.all_reduce(x)\n        return x\n"
+        "    block = ring_reduce_scatter(x)\n")),
+    # ... or no communication at all there: a fast, wrong answer on exactly the tensors that are timed
+    "no communication at the timed sizes": ("all-reduce", COLLECTIVES, replace_once(
+        "    block = ring_reduce_scatter(x)\n",
+        "    if x.numel() > 4096:\n        return x.mul_(dist.get_world_size())\n"
+        "    block = ring_reduce_scatter(x)\n")),
+    # the control made slow at import (a patched ProcessGroup.allreduce): the grader's ring/library ratio drops,
+    # and a CSV whose ring was invented faster agrees with it
+    "control slowed by a patch": ("sweep-remeasured", COLLECTIVES, lambda text: text + (
+        "\n\n_allreduce = torch._C._distributed_c10d.ProcessGroup.allreduce\n\n\n"
+        "def _slow_allreduce(self, *args, **kwargs):\n    import time\n    time.sleep(0.01)\n"
+        "    return _allreduce(self, *args, **kwargs)\n\n\n"
+        "torch._C._distributed_c10d.ProcessGroup.allreduce = _slow_allreduce\n")),
 }
 
 

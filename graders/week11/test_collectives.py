@@ -25,6 +25,9 @@ SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 20, 3.0
 RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's (both timed in turns): the
 # reference's shipped CSVs (2.92, 2.71) graded 3 at once on 2 cores came 1.12x-1.40x from the grade's (1.94-2.60); a
 # ring 3x off stays >= 2.1x off. 1.75 sits between the two (geometric middle)
+CONTROL_FACTOR = 2.5  # the control in turns with the ring against the same call timed before collectives.py was
+# imported (same launch, seconds apart): 0.76x-1.63x at load 4-7 on 2 cores; a patched ProcessGroup.allreduce
+# that makes the library look slow (and the ring, by ratio, fast) shows here
 LIBRARY_FACTOR = 4.0  # sweep.csv's fastest library call against the grader's: the loose absolute sanity bound
 PRECISION_OR_OFFSETS = ("Whole elements wrong (or missing) point at block offsets for sizes not divisible by the "
                         "world; small errors on every element at lost precision: add in the tensor's own dtype and "
@@ -187,6 +190,22 @@ def test_all_reduce(launches):
                         f"ring_all_reduce gives rank {rank} a different result from rank 0 {launch.where(index)}: "
                         "after reduce-scatter each block is summed once, by one rank, and all-gather copies it, so "
                         "every rank must hold the same bits")
+    _timed_answers_right(launches[1])
+
+
+def _timed_answers_right(launch) -> None:
+    """The calls the grader times (random fp32 tensors of 4 KiB-4 MiB, 2 ranks) must give dist.all_reduce's answer
+    on the same tensor: the timing of a ring that computes right only on the small correctness cases says nothing."""
+    for rank, out in enumerate(launch.run.outputs):
+        for nbytes, seen in sorted(out.get("timed_error", {}).items(), key=lambda item: int(item[0])):
+            bound = 2 * 1.01 * kit.UNIT_ROUNDOFF["float32"] * seen["max_abs"] + 1e-30
+            if seen["max_abs_error"] > bound:
+                raise LabCheckFailed(
+                    f"ring_all_reduce's result on the {int(nbytes)}-byte fp32 tensors the grader times (2 ranks, "
+                    f"rank {rank}) differs from dist.all_reduce's on the same tensor by up to "
+                    f"{seen['max_abs_error']:.3g} (values up to {seen['max_abs']:.3g}): it must compute the sum at "
+                    "every size, not only at the small sizes of the correctness cases. Look for a branch on the "
+                    "tensor's size, or blocks that stop short of a large tensor's end")
 
 
 @pytest.mark.check("broadcast")
@@ -223,6 +242,17 @@ def test_point_to_point_only(launches):
                             f"{name}: rank {rank} {direction} ranks {sorted(peers)} {launch.where(index)}; in a "
                             f"ring each rank sends to one neighbour and receives from the other (here "
                             f"{sorted(ring)}): all data moves around the ring, one hop per step")
+
+
+    two = launches[1]
+    for rank in range(two.world):
+        for nbytes in TIMED:
+            record = (two.run.probes[rank] or {}).get(f"timed ring {nbytes}", {"calls": {}})
+            if called := collectives_called(record):
+                raise LabCheckFailed(
+                    f"ring_all_reduce called {called} on rank {rank} when the grader timed it on {nbytes}-byte "
+                    "tensors (2 ranks): the ring must be the same send/recv code at every size. A shortcut taken "
+                    "only on large tensors makes the sweep time the library, not your ring")
 
 
 @pytest.mark.check("all-reduce-is-rs-ag")
@@ -335,10 +365,11 @@ def remeasure(launches):
 
 
 @pytest.mark.check("sweep-remeasured")
-def test_sweep_remeasured(learner, remeasure, record):
+def test_sweep_remeasured(learner, launches, remeasure, record):
     rows = _sweep(learner)
     ring, library = _by_size(rows, "ring"), _by_size(rows, "library")
     ours_ring, ours_library = remeasure
+    _control_untouched(launches[1], record)
     yours, ours = _ring_over_library(ring, library), _ring_over_library(ours_ring, ours_library)
     record("ring / library time, 1-4 MiB", yours, target=ours, unit="x", target_is="re-measured")
     for s in BANDWIDTH_BOUND:
@@ -362,6 +393,32 @@ def test_sweep_remeasured(learner, remeasure, record):
             f"fastest call of the same library code took {ours_fastest * 1e3:.3f} ms on this machine (allowed "
             f"{LIBRARY_FACTOR:g}x either way: the fastest of {MIN_REPS} or more calls moves little with load). "
             "Run sweep.py on the machine you grade on and submit the CSV it writes unchanged")
+
+
+def _control_untouched(launch, record) -> None:
+    """The control is the library's own call: nothing on its path replaced once collectives.py was imported, and
+    no slower than the same call timed just before the import (kit.collectives.grade_rank)."""
+    for rank, out in enumerate(launch.run.outputs):
+        if replaced := out.get("control_replaced"):
+            raise LabCheckFailed(
+                f"on rank {rank}, {', '.join(replaced)} changed after your collectives.py was imported: the grader "
+                "times dist.all_reduce as the control its ratio is read against, and your code must not replace "
+                "torch.distributed's functions (or the clock). Remove the patch")
+        clean, in_turns = out.get("clean_control", {}), out.get("control", {})
+        sizes = [s for s in BANDWIDTH_BOUND if s in clean and s in in_turns]
+        if not sizes:
+            continue
+        before = sum(statistics.fmean(clean[s]) for s in sizes)
+        after = sum(statistics.fmean(in_turns[s]) for s in sizes)
+        if rank == 0:
+            record("control after / before import", after / before, target=CONTROL_FACTOR, unit="x")
+        if after / before > CONTROL_FACTOR:
+            raise LabCheckFailed(
+                f"dist.all_reduce took {after / before:.2f}x longer in turns with your ring_all_reduce (rank "
+                f"{rank}, 1-4 MiB: {after * 1e3:.2f} ms against {before * 1e3:.2f} ms for the same calls just "
+                f"before collectives.py was imported; allowed {CONTROL_FACTOR:g}x). Something your module does slows "
+                "the library's call, the control the grader reads your ring against: leave torch.distributed as it "
+                "is")
 
 
 @pytest.mark.check("cost-model")

@@ -11,7 +11,10 @@ Rank side: `grade_rank` is started by grading.torchrun (module `infracourse.kit.
 cases inside a probe scope, notes the order in which ring_all_reduce calls ring_reduce_scatter and
 ring_all_gather, times ring_all_reduce at a few sizes in turns with the library's all_reduce (the control; a
 barrier, then this rank's clock around one call) and returns everything. All of it is evidence: the learner's
-code shares the process.
+code shares the process. So the clock and the control are taken before the learner's module is imported, the
+control is timed once before that import too, the functions on its path are compared after every timed round
+with those taken before (a patch shows), and each timed ring's answer is compared with the library's on the same
+tensor (a ring that is right only at the correctness cases' small sizes shows).
 """
 from __future__ import annotations
 
@@ -147,7 +150,11 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
-    library = dist.all_reduce  # the control, taken before the learner's module is imported
+    # the control and the clock, taken before the learner's module is imported; so is a first timing of the
+    # control (`clean`), which a patch made at import (a slower ProcessGroup.allreduce) cannot reach
+    library, clock = dist.all_reduce, time.perf_counter
+    untouched = _control_path(dist)
+    clean = {int(n): _time_control(library, clock, n, device, warmup, reps=10) for n in timed_sizes}
     learner = importlib.import_module(module)
     order: list[str] = []
     for name in ("ring_reduce_scatter", "ring_all_gather"):
@@ -192,25 +199,69 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
                                               and not torch.equal(mine, x))})
     if "all_reduce" in failed:
         timed_sizes = []
-    timings, control = {}, {}
+    timings, control, timed_error, replaced = {}, {}, {}, set()
     for nbytes in timed_sizes:
         x = torch.randn(nbytes // 4, device=device)
         samples: dict[str, list[float]] = {"ring": [], "library": []}
+        error, scale = 0.0, 0.0
         for rep in range(warmup + reps):
+            answers = {}
             for impl in SWEEP_IMPLS:  # in turns, call by call: one load slows both
                 y = x.clone()
                 dist.barrier()
                 if device == "cuda":
                     torch.cuda.synchronize()
-                started = time.perf_counter()
+                started = clock()
                 with dist_probes.scope(f"timed {impl} {nbytes}"):
-                    if impl == "ring":
-                        learner.ring_all_reduce(y)
-                    else:
-                        library(y)
+                    returned = learner.ring_all_reduce(y) if impl == "ring" else library(y)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 if rep >= warmup:
-                    samples[impl].append(time.perf_counter() - started)
+                    samples[impl].append(clock() - started)
+                # the ring's result is what it returns (as in the correctness cases); the library's is y
+                answers[impl] = returned if impl == "ring" and isinstance(returned, torch.Tensor) else y
+            replaced |= {name for name, fn in _control_path(dist).items() if fn is not untouched[name]}
+            # what was timed is what is checked: the ring's answer on the timed tensor against the library's
+            ring, want = answers["ring"], answers["library"]
+            error = max(error, float((ring - want).abs().max()) if ring.shape == want.shape else math.inf)
+            scale = max(scale, float(answers["library"].abs().max()))
         timings[int(nbytes)], control[int(nbytes)] = samples["ring"], samples["library"]
-    return {"rank": rank, "world_size": world, "cases": results, "timings": timings, "control": control}
+        timed_error[int(nbytes)] = {"max_abs_error": error, "max_abs": scale}
+    return {"rank": rank, "world_size": world, "cases": results, "timings": timings, "control": control,
+            "clean_control": clean, "timed_error": timed_error, "control_replaced": sorted(replaced)}
+
+
+def _control_path(dist) -> dict:
+    """The Python-visible functions a call of the control goes through (replacing one slows only the control)."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    path = {"torch.distributed.all_reduce": dist.all_reduce,
+            "torch.distributed.distributed_c10d.all_reduce": dist.distributed_c10d.all_reduce,
+            "torch.distributed.barrier": dist.barrier, "time.perf_counter": time.perf_counter}
+    for cls in (c10d.ProcessGroup, c10d.Backend, getattr(c10d, "ProcessGroupGloo", None)):
+        for method in ("allreduce", "barrier"):
+            if cls is not None and method in cls.__dict__:
+                path[f"{cls.__name__}.{method}"] = cls.__dict__[method]
+    return path
+
+
+def _time_control(library, clock, nbytes: int, device: str, warmup: int, reps: int) -> list[float]:
+    """The library's all-reduce alone, timed as in the loop that follows (a barrier, then the clock)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.randn(nbytes // 4, device=device)
+    samples = []
+    for rep in range(warmup + reps):
+        y = x.clone()
+        dist.barrier()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = clock()
+        library(y)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if rep >= warmup:
+            samples.append(clock() - started)
+    return samples
