@@ -252,12 +252,11 @@ def generate(model: Llama, prompt: torch.Tensor, new_tokens: int) -> torch.Tenso
     return torch.cat(out, dim=1)
 
 
-def checkpoint_model(sizes: dict, seed: int, dtype: str = "fp32") -> Llama:
+def checkpoint_model(sizes: dict, seed: int, dtype: str = "fp32", device: str = "cpu") -> Llama:
     """The model of a checkpoint written and read back as a served model is: LlamaConfig(**sizes) with seeded
-    random weights saved to a fresh folder (config.json + safetensors), then loaded, checked, from it."""
+    random weights saved to a fresh folder (config.json + safetensors), then loaded, checked, onto `device`."""
     import tempfile
-
 
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
         make_and_describe(folder, sizes, dtype=dtype, seed=seed)
-        return Llama.from_checkpoint(folder)
+        return Llama.from_checkpoint(folder, device=device)
