@@ -19,10 +19,12 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week15")
 
 
-def test_starter_fails_and_says_what_to_do(grade_lab):
+def test_starter_fails_and_says_what_to_do(grade_lab, machine):
     result, checks = grade_lab("week15", source="starter", stamp=False)
     assert not result.complete
-    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    # gpu-serving is blocked on a machine without CUDA (it fails there only on a GPU); every other check fails
+    assert all(c.status == "failed" or (c.status == "blocked" and c.id == "gpu-serving" and not machine.gpu_count)
+               for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
     assert "prefill the prompt" in checks["cached-tokens"].message
     assert "from the configuration" in checks["kv-bytes-formula"].message
 

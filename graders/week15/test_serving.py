@@ -49,6 +49,17 @@ def phase_rows(kv, learner, local, remote, plan: dict, seed: int, source: str) -
         what = (f"seed {seed}, {cfg.layers} layers, {cfg.heads} heads sharing {cfg.kv_heads} KV heads, "
                 f"{str(local.dtype).removeprefix('torch.')} on {source}: a batch of {batch} prompt(s) of {length} "
                 "tokens")
+        prompts = prompt_batches(cfg.vocab, batch, length, seed=seed - 1)(0)[0]
+        try:
+            got = GenerateCall(kv.generate, remote, plan["new"])(prompts)  # a direct call: its failures teach
+        except LearnerRaised as exc:
+            raise LabCheckFailed(f"{what}: generate(model, prompts, {plan['new']}) raised {exc}. A batch is a list "
+                                 "of B equal-length prompts: prefill their (B, T) ids in one pass, then decode B "
+                                 "tokens a step; return B lists of tokens") from None
+        problem = greedy_mismatch(local, prompts, got, plan["new"], plan["tol"])
+        if problem:
+            raise LabCheckFailed(f"{what}, {plan['new']} new tokens: {problem}. Serve a batch as B sequences in "
+                                 "step: each its own prompt, its own cache rows")
         times = {}
         for n in (1, plan["new"]):
             def check(out, args, n=n):
