@@ -28,7 +28,7 @@ from week15_judging import GPU_CHECKPOINT, SMALL_CHECKPOINT, check_device_memory
 # (batch, prompt length) pairs: on a CPU an L of three (two lengths at batch 1, two batches at the short length:
 # each timing costs the harness ~0.9 s of fixed work here), on a GPU the full grid
 CPU_PLAN = {"cells": ((1, 8), (1, 24), (3, 8)), "new": 6, "tol": 1e-4, "budget_s": 0.05}
-GPU_PLAN = {"cells": ((1, 128), (1, 1024), (16, 128), (16, 1024)), "new": 16, "tol": 3e-2, "budget_s": 0.3}
+GPU_PLAN = {"cells": ((1, 128), (1, 1024), (16, 128), (16, 1024)), "new": 16, "tol": 8e-2, "budget_s": 0.3}
 
 
 def serve(kv, learner, sizes: dict, seed: int, dtype: str, device: str):

@@ -23,7 +23,7 @@ GPU_BLOCKS = 256
 def test_paged_pool_on_the_device(paged, seed, record):
     cfg = GPU_MODEL
     gen = PagedGeneration(paged, seed=seed, blocks=GPU_BLOCKS, block_size=pg.BLOCK, prefix_caching=True, cfg=cfg,
-                          device="cuda")
+                          device="cuda", engine_device="cuda")
     what = (f"seed {seed}: a pool of {GPU_BLOCKS} blocks of {pg.BLOCK} tokens on the device, {cfg.n_layer} layers, "
             f"{cfg.kv_heads} KV heads of {cfg.head_dim}, fp32")
     formula = gen.kv_bytes(GPU_BLOCKS)

@@ -29,7 +29,7 @@ SMALL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "vocab": 256, "i
 GPU = {"layers": 8, "hidden": 3072, "heads": 24, "kv_heads": 8, "vocab": 32000, "intermediate": 8192,
        "max_positions": 2048}
 CPU_PLAN = {"batch": 1, "prompt": 16, "new": 4, "tol": 1e-3, "budget_s": 0.05}
-GPU_PLAN = {"batch": 8, "prompt": 256, "new": 16, "tol": 3e-2, "budget_s": 0.3}
+GPU_PLAN = {"batch": 8, "prompt": 256, "new": 16, "tol": 8e-2, "budget_s": 0.3}
 GPU_FACTOR = 1.8  # bf16 -> int8 + one scale per row: about 2x
 
 
