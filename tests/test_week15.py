@@ -19,20 +19,30 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week15")
 
 
-def test_starter_fails_and_says_what_to_do(grade_lab):
+def test_starter_fails_and_says_what_to_do(grade_lab, machine):
     result, checks = grade_lab("week15", source="starter", stamp=False)
     assert not result.complete
-    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    # gpu-serving is blocked on a machine without CUDA (it fails there only on a GPU); every other check fails
+    assert all(c.status == "failed" or (c.status == "blocked" and c.id == "gpu-serving" and not machine.gpu_count)
+               for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
     assert "prefill the prompt" in checks["cached-tokens"].message
     assert "from the configuration" in checks["kv-bytes-formula"].message
 
 
 # each decode step runs the whole sequence again into a fresh cache: right tokens, no saving
 RERUN = replace_once(
-    "logits = forward(model, torch.tensor([[token]], device=device), cache)  # decode",
-    "ids = torch.cat([ids, torch.tensor([[token]], device=device)], 1)\n"
-    "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device)\n"
+    "logits = forward(model, nxt[:, None], cache)  # decode",
+    "ids = torch.cat([ids, nxt[:, None]], 1)\n"
+    "            cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, dtype, device, batch=ids.shape[0])\n"
     "            logits = forward(model, ids, cache)")
+
+# grouped-query attention treated as multi-head: a cache of n_head heads, each KV head repeated to fill it
+# (tiled: query head h meets KV head h % kv_heads, where the model groups h // (n_head / kv_heads))
+AS_MHA = {"kv_cache.py": lambda text: replace_once(
+    "shape = (batch, cfg.kv_heads, capacity, cfg.head_dim)", "shape = (batch, cfg.n_head, capacity, cfg.head_dim)")(
+    replace_once("        q, k, v = block.attn.qkv_heads(block.norm1(x))\n",
+                 "        q, k, v = block.attn.qkv_heads(block.norm1(x))\n"
+                 "        k, v = (t.repeat(1, model.cfg.n_head // t.shape[1], 1, 1) for t in (k, v))\n")(text))}
 
 VARIANTS = {
     # decode embeds every new token at position 0
@@ -54,6 +64,15 @@ VARIANTS = {
         "2 * config.n_layer * config.kv_heads * config.head_dim",
         "2 * config.n_layer * config.n_head * config.head_dim")}),
     "invented decode time in the report": ("report", {"report.md": invented("decode_ms_per_token", 100.0)}),
+    # the loader's num_key_value_heads ignored on the cache's side: GQA served as MHA
+    "cache that treats grouped KV heads as one per query head": ("checkpoint-tokens", AS_MHA),
+    # a batch decoded with the first sequence's token fed to every row: batch 1 right, a batch wrong
+    "batch decoded with one sequence's tokens": ("phase-times", {"kv_cache.py": replace_once(
+        "logits = forward(model, nxt[:, None], cache)  # decode",
+        "logits = forward(model, nxt[:1, None].expand(len(nxt), 1), cache)  # decode")}),
+    # batch 1 only: a list of prompts read as one long prompt
+    "generate that cannot take a batch": ("phase-times", {"kv_cache.py": replace_once(
+        "batched = bool(prompt_ids) and isinstance(prompt_ids[0], (list, tuple))", "batched = False")}),
 }
 
 
@@ -86,3 +105,40 @@ def test_count_work_logs_each_forward_pass():
     model.embed(torch.tensor([[7]]), pos_offset=5)
     model.embed(torch.tensor([[7, 8]]), 6)
     assert work_done(model) == [(1, 5), (2, 6)] and work_done(model) == []
+
+
+def test_gpu_serving_memory_figures_must_be_the_devices(monkeypatch):
+    """week15_judging.check_device_memory, the verdict of gpu-serving's memory, fed figures on a CPU: the device's
+    own figures pass; a figure from the host (RSS), a cache kept in host memory (the device holds nothing more
+    after the call) and allocator figures the judge's reading of the device does not show each fail."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week15"))
+    from week15_judging import check_device_memory
+    from infracourse.failures import LabCheckFailed
+    weights, kv = 2_000_000_000, 545_000_000
+    honest = dict(before=weights + 10_000, held=weights + 10_000 + kv + 4096, peak=weights + kv + 900_000_000,
+                  device_delta=kv + 1_200_000_000, kv_formula=kv, weights=weights, source="device", what="w")
+    check_device_memory(**honest)
+    cases = {"host memory": dict(source="the process's RSS (psutil)"),
+             "Keep the cache on the model's device": dict(held=weights + 10_000 + 1_000_000),  # in host memory
+             "weights are not on the device": dict(before=10_000, held=10_000 + kv, peak=kv + 20_000),
+             "not a figure of this call": dict(peak=weights + 10_000),
+             "the figures are not the device's": dict(device_delta=1_000_000)}                    # the judge sees nothing taken
+    for expected, change in cases.items():
+        with pytest.raises(LabCheckFailed, match=expected):
+            check_device_memory(**{**honest, **change})
+
+
+def test_roofline_turns_compute_bound_where_the_formulas_meet():
+    """kit.llama_serving.roofline: intensity = FLOPs / bytes of a decode step; the crossover batch is the first
+    whose intensity reaches the ridge point (none when a sequence's KV reads cost more than its FLOPs buy)."""
+    from infracourse.kit.hf_checkpoint import LlamaConfig
+    from infracourse.kit.llama_serving import decode_bytes, decode_flops, roofline
+    cfg = LlamaConfig(layers=8, hidden=3072, heads=24, kv_heads=8, vocab=32000, intermediate=8192,
+                      max_positions=2048, dtype="bfloat16")
+    short = roofline(cfg, 1, 136, torch.bfloat16, copy_gbps=3000, tflops=700)
+    assert short["bound"] == "memory" and short["ridge"] == pytest.approx(700e12 / 3000e9)
+    b = short["crossover_batch"]
+    below, at = (roofline(cfg, n, 136, torch.bfloat16, copy_gbps=3000, tflops=700) for n in (b - 1, b))
+    assert below["intensity"] < short["ridge"] <= at["intensity"] and at["bound"] == "compute"
+    assert at["intensity"] == decode_flops(cfg, b, 136) / decode_bytes(cfg, b, 136, torch.bfloat16)
+    assert roofline(cfg, 16, 1032, torch.bfloat16, copy_gbps=3000, tflops=700)["crossover_batch"] is None

@@ -147,3 +147,39 @@ def test_state_violations_name_each_broken_invariant():
     assert "(leaked): [2]" in " ".join(state_violations(leak, 4, shared_allowed=False))
     lie = {"free": [2, 3], "ref_counts": [1, 1, 0, 0], "block_tables": {"a": [0, 1], "b": [1]}}
     assert "block 1 has reference count 1 but 2" in " ".join(state_violations(lie, 4, shared_allowed=True))
+
+
+def test_gpu_pool_bytes_must_be_the_devices(monkeypatch):
+    """week16_judging.check_pool_bytes, gpu-paged's memory verdict, fed figures on a CPU: the device allocator's
+    figure for the pool passes within its 512-byte rounding; a pool in host memory (no device figure) or a figure
+    of another size fails."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week16"))
+    from week16_judging import check_pool_bytes
+    from infracourse.failures import LabCheckFailed
+    formula = 2 * 4 * 256 * 16 * 2 * 64 * 4
+    check_pool_bytes(formula, formula, 8, "w")
+    check_pool_bytes(formula + 8 * 512, formula, 8, "w")
+    for device_bytes, expected in ((None, "host memory"), (formula // 2, "not of the same pool"),
+                                   (formula + 2**20, "not of the same pool")):
+        with pytest.raises(LabCheckFailed, match=expected):
+            check_pool_bytes(device_bytes, formula, 8, "w")
+
+
+def test_paged_generation_keeps_its_pool_where_the_model_runs():
+    """kit.paged_generation: on a CPU the pool is host memory and says so (pool_device_bytes None); the model and
+    the pool share one device, and generation through the solution equals full recomputation there."""
+    import importlib.util
+    import torch
+    from infracourse.kit.generate import greedy_generate
+    from infracourse.kit.gpt import GPTConfig
+    from infracourse.kit.paged_generation import PagedGeneration
+    spec = importlib.util.spec_from_file_location(
+        "paged_solution", Path(__file__).parent.parent / "labs" / "week16-paged-kv" / "solution" / "paged.py")
+    paged = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paged)
+    cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=4, n_kv_head=2, n_layer=2)
+    gen = PagedGeneration(paged, seed=3, blocks=16, block_size=4, prefix_caching=True, cfg=cfg)
+    assert gen.pool_device_bytes is None
+    assert {t.device for t in (*gen.k_caches, *gen.v_caches, *gen.model.parameters())} == {torch.device("cpu")}
+    prompt = list(range(5, 18))
+    assert gen.generate("a", prompt, 5).tokens == greedy_generate(gen.model, prompt, 5)

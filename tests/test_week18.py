@@ -68,10 +68,12 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
 
 
 @pytest.mark.slow
-def test_starter_fails_and_says_what_to_do(grade_lab):
+def test_starter_fails_and_says_what_to_do(grade_lab, machine):
     result, checks = grade_lab("week18", source="starter", stamp=False)
     assert not result.complete
-    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    # gpu-quant-serving is blocked on a machine without CUDA; every other check fails
+    assert all(c.status == "failed" or (c.status == "blocked" and c.id == "gpu-quant-serving" and not machine.gpu_count)
+               for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
     assert "one scale per output channel" in checks["quant-error"].message
     assert "refuse a request" in checks["overload"].message
     assert "deadline" in checks["deadline"].message
@@ -109,6 +111,10 @@ def deadline_from_first_step(source: str) -> str:
         "        if self.running is None and not self._start_next():")(source)
 
 
+# Int8Linear keeps the Linear it quantised (in a list, out of the module registry): state_dict claims int8 only
+KEPT_LINEAR = replace_once('self.register_buffer("scale", scale)',
+                           'self.register_buffer("scale", scale)\n        self.source = [linear]')
+
 VARIANTS = {
     # matches counted anywhere in the proposal, not only up to the first mismatch: tokens after it are kept
     "speculative acceptance that changes greedy output": ("spec-greedy", {SPEC: replace_once(
@@ -129,6 +135,13 @@ VARIANTS = {
     "an fp32 copy of the weight kept beside the int8 one": ("quant-memory", {QUANT: replace_once(
         'self.register_buffer("scale", scale)',
         'self.register_buffer("scale", scale)\n        self.register_buffer("weight", linear.weight.detach().clone())')}),
+    # int8 in state_dict, fp32 held: the dequantised weight cached in a plain attribute "for speed"
+    "dequantised fp32 weight cached outside state_dict": ("quant-serving", {QUANT: replace_once(
+        "        return F.linear(x, dequantize(self.qweight, self.scale).to(x.dtype))",
+        "        if getattr(self, 'cached', None) is None:\n"
+        "            self.cached = dequantize(self.qweight, self.scale)\n"
+        "        return F.linear(x, self.cached.to(x.dtype))")}),
+    "int8 claimed, the fp32 Linear kept in a list": ("quant-serving", {QUANT: KEPT_LINEAR}),
     # the cancelled stream is let run one more step before it ends (its blocks are freed at once)
     "cancel that keeps emitting a token": ("cancel", {ENGINE: replace_once(
         'self._finish(self.running, "cancelled")',
@@ -172,3 +185,29 @@ def test_report_in_other_words_passes(grade_lab):
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
     assert_solution_passes(grade_lab, machine, "week18",
                            edits={name: (HONEST / name).read_text() for name in (QUANT, SPEC, ENGINE)})
+
+
+@pytest.mark.slow
+def test_int8_claimed_in_state_dict_is_not_taken_on_its_word(grade_lab):
+    """A model whose state_dict holds int8 while it keeps the fp32 Linears alive passes quant-memory (which reads
+    the state_dict, the claim) and fails quant-serving, which counts the tensors the model holds."""
+    _, checks = grade_lab("week18", edits={QUANT: KEPT_LINEAR}, checks=["quant-memory", "quant-serving"])
+    assert checks["quant-memory"].status == "passed", checks["quant-memory"].message
+    assert checks["quant-serving"].status == "failed", checks["quant-serving"].message
+    assert "keep no fp32 copy" in checks["quant-serving"].message
+
+
+def test_held_tensors_finds_what_state_dict_does_not_show():
+    """kit.quant_serving.held_tensors walks a module's own attributes: a tensor or a Linear kept in a list or a
+    dict counts, a tied weight counts once; held_bytes sums distinct storages."""
+    import torch
+    import torch.nn as nn
+    from infracourse.kit.quant_serving import held_bytes, held_tensors
+    model = nn.Sequential(nn.Linear(8, 4, bias=False), nn.Linear(4, 8, bias=False))
+    base = held_bytes(held_tensors(model))["bytes"]
+    assert base == 2 * 8 * 4 * 4
+    model[0].hidden = {"w": torch.zeros(100)}
+    model[1].kept = [nn.Linear(16, 16, bias=False)]
+    model[1].tied = model[0].weight.detach()          # a plain tensor on the same storage
+    assert held_bytes(held_tensors(model))["bytes"] == base + 400 + 16 * 16 * 4
+    assert sum(t.numel() for t in model.state_dict().values()) * 4 == base

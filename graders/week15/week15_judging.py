@@ -57,3 +57,67 @@ def follows_greedy(local, prompt: list[int], tokens: list[int]) -> bool:
     with torch.no_grad():
         best = local(ids)[0, len(prompt) - 1:].float().argmax(-1).tolist()
     return best == tokens
+
+
+# Serving a checkpoint: prefill and decode at several prompt lengths and batch sizes (test_serving.py) ---------
+# The tiny checkpoint every machine serves (phase-times), and the one sized for a GPU (gpu-serving: 1.0 B
+# parameters, 2 GB in bf16, head_dim 128, 24 query heads sharing 8 KV heads): seconds to write, load and time.
+SMALL_CHECKPOINT = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256, "intermediate": 128,
+                    "max_positions": 128}
+GPU_CHECKPOINT = {"layers": 8, "hidden": 3072, "heads": 24, "kv_heads": 8, "vocab": 32000, "intermediate": 8192,
+                  "max_positions": 2048}
+
+
+def greedy_mismatch(local, prompts: torch.Tensor, tokens, n: int, tol: float) -> str | None:
+    """None when `tokens` (B lists of n ints) are a greedy continuation of `prompts` (B, T) under the judge's
+    model: one teacher-forced forward over prompt + tokens, each token's logit within `tol` of the best at the
+    position before it (a near-tie may go either way in bf16); otherwise what is wrong, for the message."""
+    B, T = prompts.shape
+    if not (isinstance(tokens, list) and len(tokens) == B and all(
+            isinstance(row, list) and len(row) == n and all(type(t) is int for t in row) for row in tokens)):
+        return f"generate must return {B} list(s) of {n} ints for a batch of {B}, got {str(tokens)[:120]}"
+    device = next(local.parameters()).device
+    ids = torch.cat([prompts, torch.tensor(tokens)[:, :-1]], dim=1).to(device)
+    with torch.no_grad():
+        logits = local(ids)[:, T - 1:].float()                           # (B, n, vocab)
+    chosen = logits.gather(-1, torch.tensor(tokens, device=device)[..., None])[..., 0]
+    short = logits.amax(-1) - chosen                                      # 0 where the greedy token was taken
+    if bool((short <= tol).all()):
+        return None
+    b, i = (int(x) for x in (short > tol).nonzero()[0])
+    best = int(logits[b, i].argmax())
+    return (f"sequence {b} of the batch: new token {i} is {tokens[b][i]}, greedy gives {best} (its logit is "
+            f"{short[b, i].item():.3g} below the best); tokens before it agree")
+
+
+def check_device_memory(*, before: int, held: int, peak: int, device_delta: int, kv_formula: int,
+                        weights: int, source: str, what: str) -> None:
+    """The serving memory figures of a GPU grade, against each other and the KV formula. `before`: bytes the
+    serving process had allocated with the weights loaded; `held`: allocated after generate returned with its
+    cache alive; `peak`: torch.cuda.max_memory_allocated over the call, all three from the device's allocator
+    (`source` "device"); `device_delta`: the device memory the judge saw taken over the call (mem_get_info,
+    every process); `kv_formula`: 2 x layers x KV heads x head_dim x cached tokens x bytes per element x batch at
+    the dtype held; `weights`: the model's bytes. A figure taken on the host (the process's RSS, sizes of
+    tensors in host memory) is not device memory and fails, as does a cache that is not on the device."""
+    if source != "device":
+        raise LabCheckFailed(f"{what}: the memory figure came from {source}; on a GPU the serving memory is the "
+                             "device's (torch.cuda.max_memory_allocated, torch.cuda.memory_allocated): host memory "
+                             "(RSS, sizes of tensors on the CPU) says nothing of what the GPU holds")
+    if before < weights:
+        raise LabCheckFailed(f"{what}: {before} bytes were allocated on the device before the call, less than the "
+                             f"model's {weights} bytes of weights: the weights are not on the device")
+    cache = held - before
+    if cache < 0.99 * kv_formula:
+        raise LabCheckFailed(
+            f"{what}: with your cache alive after generate, the device holds {cache} bytes more than before the "
+            f"call; the cache's K and V take {kv_formula} bytes by the formula (2 x layers x KV heads x head_dim x "
+            "tokens x bytes per element x batch). Keep the cache on the model's device "
+            "(next(model.parameters()).device), in the model's dtype")
+    if peak < before + kv_formula:
+        raise LabCheckFailed(f"{what}: the device's peak allocation over the call ({peak} bytes) is below the "
+                             f"weights and the cache ({before} + {kv_formula}): not a figure of this call")
+    if device_delta < 0.9 * cache - 64 * 2**20:
+        raise LabCheckFailed(
+            f"{what}: the serving process says it holds {cache} bytes more after the call, but the device shows "
+            f"{device_delta} bytes more in use (torch.cuda.mem_get_info, read by the judge): the figures are not "
+            "the device's")

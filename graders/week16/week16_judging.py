@@ -113,3 +113,15 @@ def checked_state(alloc, judge: JudgeAllocator, what: str) -> dict:
                              f"those the live sequences hold leaves {want_free}. Blocks lost on free (a leak) or "
                              "handed out twice show up here")
     return state
+
+
+def check_pool_bytes(device_bytes, formula: int, tensors: int, what: str) -> None:
+    """The paged K/V pool as the device's allocator counts it against the formula (2 x layers x blocks x
+    block_size x KV heads x head_dim x bytes per element). `device_bytes` is None where the pool is not on a
+    device (host memory: no device figure); the allocator rounds each of the pool's `tensors` up to 512 bytes."""
+    if device_bytes is None:
+        raise LabCheckFailed(f"{what}: the KV pool is in host memory; on a GPU it lives on the device, and its bytes "
+                             "are the device allocator's (torch.cuda.memory_allocated), not sizes of host tensors")
+    if not formula <= device_bytes <= formula + 512 * tensors:
+        raise LabCheckFailed(f"{what}: the device's allocator gave the KV pool {device_bytes} bytes; the formula "
+                             f"gives {formula}: the figures are not of the same pool")

@@ -27,7 +27,10 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int):
     """Greedy generation with the cache: prefill the prompt, then decode one token at a time.
 
     Returns (tokens: list of max_new_tokens ints, logits: (max_new_tokens, vocab) tensor, the logits each token
-    was the argmax of, cache: your KVCache after the last step)."""
+    was the argmax of, cache: your KVCache after the last step).
+
+    A batch: prompt_ids a list of B prompts of one length decodes them in step (the cache holds B rows) and
+    returns B lists of tokens and (B, max_new_tokens, vocab) logits."""
     raise NotImplementedError("generate: prefill the prompt into a KVCache, then decode token by token")
 
 

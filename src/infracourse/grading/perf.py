@@ -63,7 +63,7 @@ BATCH_CALLS = 48
 
 def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], None],
           bytes_moved: float = 0, flops: float = 0, ceilings=None, label: str = "your kernel",
-          require_kernel: bool = False, calls: int = BATCH_CALLS) -> bench.Timing:
+          require_kernel: bool = False, calls: int = BATCH_CALLS, budget_s: float | None = None) -> bench.Timing:
     """Time fn on fresh inputs, verifying outputs of timed calls; fail when the timing cannot be trusted.
 
     `fn` is a learner function (a grading.remote.RemoteObject); `make_args` is a `BuildInWorker` naming a course
@@ -71,11 +71,13 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
     from it, so the judge checks the worker's outputs against its own copy of each call's inputs.
     `require_kernel` (a learner's kernel timed directly) also fails timed calls that launched no Triton kernel
     or did not pass their inputs and output through one, as the worker recorded them. `calls` bounds the
-    judge-clocked batch (fewer for a call that is itself long, such as several training steps)."""
+    judge-clocked batch (fewer for a call that is itself long, such as several training steps); `budget_s` the
+    worker's event-timed samples (bench.measure's budget, 1 s by default: less where a check times many
+    configurations and the judge's clocked batch is the figure graded)."""
     if not isinstance(fn, RemoteObject):
         raise TypeError(f"timed times a learner function in the grading worker, not {type(fn).__name__}: pass an "
                         "object of the `learner` fixture (a library op is timed with reference_time)")
-    timing = _timed_in_worker(fn, make_args, check, label, require_kernel, calls)
+    timing = _timed_in_worker(fn, make_args, check, label, require_kernel, calls, budget_s)
     if timing.escaped:
         raise LabCheckFailed(
             f"{label}: CUDA events saw {timing.median_s * 1e6:.1f} us per call but the device-wide clock saw "
@@ -89,12 +91,15 @@ def timed(fn: Callable[..., Any], make_args, *, check: Callable[[Any, tuple], No
 
 
 def _timed_in_worker(fn, make_args, check: Callable[[Any, tuple], None], label: str,
-                     require_kernel: bool, batch_calls: int) -> bench.Timing:
+                     require_kernel: bool, batch_calls: int, budget_s: float | None = None) -> bench.Timing:
     worker = fn._worker
     generate = build(make_args)
     draw = random.SystemRandom()  # salts and picks: unpredictable from the worker, decided when they are used
     asked = max(2, min(batch_calls, BATCH_CALLS))
-    prepare = worker.request(Op.TIME_PREPARE, {"make_args": make_args}, target=fn._handle.id, calls=asked)
+    values = {"make_args": make_args}
+    if budget_s is not None:
+        values["options"] = {"budget_s": float(budget_s)}
+    prepare = worker.request(Op.TIME_PREPARE, values, target=fn._handle.id, calls=asked)
     prepared = prepare.value
     stats = _numbers(prepared, ("median_s", "p10_s", "p90_s", "calls", "host_s"), label)
     calls = int(stats["calls"])

@@ -20,7 +20,9 @@ STATUSES = ("passed", "failed", "error", "blocked")
 # refuses any other name, so a misspelt `reference_seconds` fails the grader's own lab proof.
 DETAIL_KEYS = frozenset({"shape", "model", "batch", "calls_per_step", "peak_tflops", "copy_gbps",
                          "ratio_to_reference", "gbps", "torch_gbps", "timing", "reference_timing",
-                         "target_is"})  # target_is: "re-measured" when the target is the grader's own measurement
+                         "target_is", "source"})
+# target_is: "re-measured" when the target is the grader's own measurement; source: where a figure was measured
+# ("device", or "cpu-stand-in" where a CPU stands in for the device a serving figure is about)
 MAX_TEXT = 300  # a label, unit, reference or detail string
 MAX_DETAIL = 16  # detail keys of one figure, items of one detail list or mapping
 

@@ -101,14 +101,14 @@ class Attention(nn.Module):
     """Grouped-query attention: `heads` query heads share `kv_heads` key/value heads, heads // kv_heads each.
     Split into `qkv_heads` and `attend` so a KV cache fits between (the kit.gpt contract)."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, device=None):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.heads * hd, cfg.hidden, bias=cfg.o_bias)
+        self.q_proj = nn.Linear(cfg.hidden, cfg.heads * hd, bias=cfg.qkv_bias, device=device)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=cfg.qkv_bias, device=device)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=cfg.qkv_bias, device=device)
+        self.o_proj = nn.Linear(cfg.heads * hd, cfg.hidden, bias=cfg.o_bias, device=device)
 
     def qkv_heads(self, x: torch.Tensor):
         """(B, T, C) -> q (B, heads, T, hd), k and v (B, kv_heads, T, hd), before RoPE."""
@@ -138,11 +138,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, device=None):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False, device=device)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False, device=device)
+        self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False, device=device)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -152,12 +152,12 @@ class DecoderLayer(nn.Module):
     """Pre-norm residual layer: x + attn(norm1(x)), then x + mlp(norm2(x)); norm1, attn, norm2 are kit.gpt's
     names for HF's input_layernorm, self_attn, post_attention_layernorm."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, device=None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden, eps=cfg.rms_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, eps=cfg.rms_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, device)
 
     norm1 = property(lambda self: self.input_layernorm)
     attn = property(lambda self: self.self_attn)
@@ -167,27 +167,32 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """HF's `model.` prefix: embeddings, layers, final norm."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, device=None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        # given a weight, Embedding skips its init (normal_, which on "meta" runs through torch._refs)
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden, device=device, _weight=None if device is None else
+                                         torch.empty((cfg.vocab, cfg.hidden), device=device))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, device) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, eps=cfg.rms_eps)
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, device=None):
+        """`device` holds the projections and embeddings (the norms' few weights are made on the host): "meta"
+        builds the shapes only, for tensors assigned afterwards (from_tensors)."""
         super().__init__()
         self.cfg = cfg
-        self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.model = Backbone(cfg, device)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, device=device)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @classmethod
     def from_tensors(cls, cfg: LlamaConfig, tensors: dict[str, torch.Tensor]) -> "Llama":
-        """The model holding `tensors` (HF names) themselves, no copy: built on the meta device, then assigned."""
-        with torch.device("meta"):
-            model = cls(cfg)
+        """The model holding `tensors` (HF names) themselves, no copy: built on the meta device, then assigned.
+        (Built with device="meta" rather than under `with torch.device("meta")`, whose initialisation of meta
+        tensors goes through torch._refs and imports the compiler stack: seconds per process.)"""
+        model = cls(cfg, device="meta")
         if cfg.tie_embeddings:
             tensors = {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"]}
         model.load_state_dict(tensors, strict=True, assign=True)
@@ -252,12 +257,11 @@ def generate(model: Llama, prompt: torch.Tensor, new_tokens: int) -> torch.Tenso
     return torch.cat(out, dim=1)
 
 
-def checkpoint_model(sizes: dict, seed: int, dtype: str = "fp32") -> Llama:
+def checkpoint_model(sizes: dict, seed: int, dtype: str = "fp32", device: str = "cpu") -> Llama:
     """The model of a checkpoint written and read back as a served model is: LlamaConfig(**sizes) with seeded
-    random weights saved to a fresh folder (config.json + safetensors), then loaded, checked, from it."""
+    random weights saved to a fresh folder (config.json + safetensors), then loaded, checked, onto `device`."""
     import tempfile
-
 
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as folder:
         make_and_describe(folder, sizes, dtype=dtype, seed=seed)
-        return Llama.from_checkpoint(folder)
+        return Llama.from_checkpoint(folder, device=device)

@@ -8,8 +8,10 @@ both drive, so a figure in the report and the grader's measurement come from the
 
 `paged` is anything with `BlockAllocator(num_blocks, block_size, prefix_caching)` and
 `paged_attention(q, k_cache, v_cache, block_tables, context_lens)`: the learner's module itself, or the grader's
-proxy of it in the grading worker. The model's other pieces (embedding, projections, MLP, logits) are the
-course's; the prompt's cached tokens are NOT computed again: their keys and values are read from the blocks the
+proxy of it in the grading worker. paged_attention runs on `device`; the model and the paged K/V pool live on
+`engine_device` (the host by default, as the CPU-timed serving figures were taken; "cuda" puts the whole engine on
+the GPU, and `pool_device_bytes` is then what the device's allocator gave the pool). The model's other pieces
+(embedding, projections, MLP, logits) are the course's; the prompt's cached tokens are NOT computed again: their keys and values are read from the blocks the
 allocator shared, so a wrong share shows as a wrong token, and a hit shows as a shorter time to first token.
 """
 from __future__ import annotations
@@ -42,12 +44,17 @@ class Generation:
 
 class PagedGeneration:
     def __init__(self, paged, *, seed: int, blocks: int, block_size: int, prefix_caching: bool,
-                 cfg: GPTConfig = MODEL, device: str = "cpu"):
+                 cfg: GPTConfig = MODEL, device: str = "cpu", engine_device: str = "cpu"):
         self.paged, self.cfg, self.device, self.block = paged, cfg, device, block_size
-        self.model = GPT(cfg, seed=seed).eval()
+        self.engine = engine_device
+        self.model = GPT(cfg, seed=seed).eval().to(engine_device)
         shape = (blocks, block_size, cfg.kv_heads, cfg.head_dim)
-        self.k_caches = [torch.zeros(shape) for _ in self.model.blocks]
-        self.v_caches = [torch.zeros(shape) for _ in self.model.blocks]
+        on_gpu = torch.device(engine_device).type == "cuda"
+        before = torch.cuda.memory_allocated(engine_device) if on_gpu else 0
+        self.k_caches = [torch.zeros(shape, device=engine_device) for _ in self.model.blocks]
+        self.v_caches = [torch.zeros(shape, device=engine_device) for _ in self.model.blocks]
+        # the pool as the device's allocator counts it (None off a GPU: host memory is no device figure)
+        self.pool_device_bytes = torch.cuda.memory_allocated(engine_device) - before if on_gpu else None
         self.allocator = paged.BlockAllocator(blocks, block_size, prefix_caching)
 
     def kv_bytes(self, blocks: int) -> int:
@@ -55,8 +62,8 @@ class PagedGeneration:
         return 2 * self.cfg.n_layer * self.cfg.kv_heads * self.cfg.head_dim * blocks * self.block * 4
 
     def _slots(self, table, start, stop):
-        positions = torch.arange(start, stop)
-        return torch.tensor(table)[positions // self.block], positions % self.block
+        positions = torch.arange(start, stop, device=self.engine)
+        return torch.tensor(table, device=self.engine)[positions // self.block], positions % self.block
 
     def _write(self, cache, table, start, kv):
         """kv (kv_heads, T, head_dim) into the slots of positions start .. start + T - 1."""
@@ -78,7 +85,7 @@ class PagedGeneration:
             raise InvalidAnswer(f"allocate returned {cached!r} cached tokens for a {len(prompt)}-token prompt "
                                 f"(an int from 0 to {len(prompt) - 1}: the last prompt token is always computed)")
         table = alloc.block_table(seq_id)
-        x = model.embed(torch.tensor([prompt[cached:]]), cached)
+        x = model.embed(torch.tensor([prompt[cached:]], device=self.engine), cached)
         for block, kc, vc in zip(model.blocks, self.k_caches, self.v_caches):
             q, k, v = block.attn.qkv_heads(block.norm1(x))
             self._write(kc, table, cached, k[0])
@@ -93,7 +100,7 @@ class PagedGeneration:
                 break
             alloc.append(seq_id, token)
             table = alloc.block_table(seq_id)
-            x = model.embed(torch.tensor([[token]]), n)
+            x = model.embed(torch.tensor([[token]], device=self.engine), n)
             n += 1
             for block, kc, vc in zip(model.blocks, self.k_caches, self.v_caches):
                 q, k, v = block.attn.qkv_heads(block.norm1(x))
@@ -101,7 +108,7 @@ class PagedGeneration:
                 self._write(vc, table, n - 1, v[0])
                 args = (q[:, :, 0], kc, vc, torch.tensor([table]), torch.tensor([n]))
                 out = self.paged.paged_attention(*(t.to(self.device) for t in args))  # on the GPU if any
-                x = x + block.attn.proj(out.cpu().reshape(1, 1, self.cfg.d_model).float())
+                x = x + block.attn.proj(out.to(x.device).reshape(1, 1, self.cfg.d_model).float())
                 x = x + block.mlp(block.norm2(x))
             token = int(model.logits(x)[0, -1].argmax())
         record.output_tokens, record.success = len(tokens), True
