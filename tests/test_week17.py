@@ -322,3 +322,40 @@ def test_a_busy_machine_lets_occupancy_stand_in_only_for_a_full_batch_of_slow_st
     assert (message is None) == passes, message
     if says:
         assert says in message, message
+
+
+def test_the_judges_rerun_forgives_a_busy_machine_and_not_a_copied_cell(monkeypatch):
+    """load-matrix's comparison of a re-run cell (compare_rerun), on the solution's stored figures: a judge's run
+    2.5x slower passes where the machine was busy 3x (load moved it) and fails where it was idle; the one-user
+    cell's figures filed as the four-user cell's fail on throughput however busy the machine (load never makes the
+    judge faster)."""
+    import copy
+    import importlib
+    import sys
+
+    from infracourse.failures import LabCheckFailed
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week17"))
+    sys.modules.pop("test_matrix", None)
+    check = importlib.import_module("test_matrix")
+    try:
+        stored = {row["file"].removesuffix(".json"): row["metrics"]
+                  for row in json.loads((MATRIX / "matrix.json").read_text())["cells"]}
+        four, one = stored["in64-out16-c4"], stored["in64-out16-c1"]
+        slower = copy.deepcopy(four)
+        slower["output_throughput"] /= 2.5
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            slower[key] = {stat: value * 2.5 for stat, value in four[key].items()}
+        recorded = {}
+
+        def record(name, value, target=None, unit=""):
+            recorded[name] = (value, target)
+
+        check.compare_rerun(check.HEAVIEST, four, slower, 3.0, record)
+        assert recorded["in64-out16-c4 output tokens per s"] == (four["output_throughput"], slower["output_throughput"])
+        with pytest.raises(LabCheckFailed, match="in64-out16-c4 gives output tokens per s"):
+            check.compare_rerun(check.HEAVIEST, four, slower, 1.0, record)
+        with pytest.raises(LabCheckFailed, match="in64-out16-c4 gives output tokens per s"):
+            check.compare_rerun(check.HEAVIEST, one, four, 3.0, record)
+    finally:
+        sys.modules.pop("test_matrix", None)  # a grader module, not one of this suite's

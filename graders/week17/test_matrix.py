@@ -1,7 +1,8 @@
 """The learner's load matrix (bench.py: kit.load_matrix.run_matrix into matrix/): every cell the handout asks
 for is there, every figure of matrix.json recomputes from the cell's raw records, the records are a run of the
 cell (its prompts through this model, its load, no faster than the course's ModelRunner allows), and the cells
-the judge runs again through the learner's server agree with the learner's figures.
+the judge runs again through the learner's server agree with the learner's figures (a failed comparison is
+measured a second time before it stands, as a performance check is).
 
 Load moves the judge's re-run one way only (slower: latencies up, throughputs down), so the tolerance grows by
 the machine's contention on that side alone (figures_agree); the gain 4 users buy over 1 on the same lengths is
@@ -16,10 +17,13 @@ from infracourse.grader import LabCheckFailed, figures_agree
 from infracourse.kit import batching
 from infracourse.kit.load_matrix import SUMMARY, check_matrix, load_problems
 from infracourse.kit.loadgen import read_records, request_matrix
-from week17_judging import BURSTY, HEAVIEST, MATRIX, MATRIX_DIR, ONE_USER, RERUN, check_outputs
+from week17_judging import (BURSTY, HEAVIEST, MATRIX, MATRIX_DIR, ONE_USER, RERUN, check_outputs, keep_phase,
+                            matrix_seeds, phase_matrix)
 
 FLOOR_SLACK = 0.9     # client-side chunk stamps jitter by a millisecond: a step may look 10 % under the floor
-TIME_FACTOR, TIME_ABSOLUTE_MS = 2.0, 36.0  # a latency: 2x either side, or 3 step floors apart
+TIME_FACTOR, TIME_ABSOLUTE_MS = 3.0, 36.0  # a latency: 3x either side, or 3 step floors apart (no wrong matrix
+                                           # hides in a latency: a faster server fails the floor, a copied cell
+                                           # its load and its throughput)
 RATE_FACTOR = 2.0     # output tokens per second: 2x either side (a copied one-user cell is 3x under 4 users)
 GAIN_FACTOR = 1.75    # the 4-user over 1-user throughput gain: 2.3-3.3 seen from idle to load 5 (a step of 4 costs
                       # more than the floor on a busy CPU), a copied one-user cell 1.0
@@ -144,8 +148,12 @@ def compare_rerun(cell, mine: dict, ours: dict, busy: float, record) -> None:
                 "load: run `python bench.py` again, on this machine, with the server you submit")
 
 
+_attempts = []
+
+
+@pytest.mark.timing  # the re-run's figures are times: a failed comparison is measured again before it stands
 @pytest.mark.check("load-matrix")
-def test_load_matrix(served, learner, judge_model, device, record):
+def test_load_matrix(served, learner_server, learner, judge_model, device, record):
     folder = learner.path(MATRIX_DIR)
     summary = read_summary(folder)
     problems = check_matrix(folder, MATRIX)
@@ -172,7 +180,13 @@ def test_load_matrix(served, learner, judge_model, device, record):
         check_cell_records(cell, rows[f"{cell.name}.json"], records, judge_model, served.cfg)
     mine = {cell.name: rows[f"{cell.name}.json"]["metrics"] for cell in MATRIX}
 
-    rerun = served.phases["matrix"].get()
+    _attempts.append(1)  # the matrix phase's own run first; a second attempt runs the three cells again
+    if len(_attempts) == 1:
+        rerun = served.phases["matrix"].get()
+    else:
+        again = {}
+        keep_phase(again, "matrix", learner_server, phase_matrix, matrix_seeds(folder / SUMMARY))
+        rerun = again["matrix"].get()
     ours, busy = rerun["metrics"], rerun["contention"]
     record("cpu contention (grader)", busy, unit="x")
     for cell in RERUN:
