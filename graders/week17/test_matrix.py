@@ -24,9 +24,11 @@ FLOOR_SLACK = 0.9     # client-side chunk stamps jitter by a millisecond: a step
 TIME_FACTOR, TIME_ABSOLUTE_MS = 3.0, 36.0  # a latency: 3x either side, or 3 step floors apart (no wrong matrix
                                            # hides in a latency: a faster server fails the floor, a copied cell
                                            # its load and its throughput)
-RATE_FACTOR = 2.0     # output tokens per second: 2x either side (a copied one-user cell is 3x under 4 users)
-GAIN_FACTOR = 1.75    # the 4-user over 1-user throughput gain: 2.3-3.3 seen from idle to load 5 (a step of 4 costs
-                      # more than the floor on a busy CPU), a copied one-user cell 1.0
+RATE_FACTOR = 2.5     # output tokens per second: 2.5x either side. A learner's run on a busy machine graded on an
+                      # idle one is off this way unwidened: in64-out16-c4 gave 156 tok/s at load 5 per core, 231 at
+                      # 3.5, ~300 is the floor's most. (A cell copied from another load is caught by its records.)
+GAIN_FACTOR = 2.0     # the 4-user over 1-user throughput gain: 2.3-4.6 seen across loads and servers (a step of 4
+                      # outlasts the floor on a busy CPU; one user pays each request's setup alone), a copied 1.0
 PLOT = "latency_throughput.png"
 FAILURES_ABSOLUTE = 1 / 8 + 1e-9   # one request of a cell's 8
 # figure -> (read from the metrics, unit, factor, absolute, the way load moves the judge's figure). Medians and
@@ -148,6 +150,17 @@ def compare_rerun(cell, mine: dict, ours: dict, busy: float, record) -> None:
                 "load: run `python bench.py` again, on this machine, with the server you submit")
 
 
+def compare_gain(gain: float, judge_gain: float, busy: float, record) -> None:
+    """What 4 users buy over 1 on the same lengths, the learner's matrix against the judge's two runs."""
+    record("concurrency gain", gain, target=judge_gain, unit="x")
+    if not figures_agree(gain, judge_gain, factor=GAIN_FACTOR, busy=busy, busy_moves="down"):
+        raise LabCheckFailed(
+            f"{MATRIX_DIR}/{SUMMARY}: 4 users buy {gain:.2f}x the output throughput of 1 in your matrix "
+            f"({HEAVIEST.name} over {ONE_USER.name}), {judge_gain:.2f}x in the judge's run of both cells through your "
+            f"server just now (accepted {GAIN_FACTOR:g}x either side, more below yours on a busy machine). A "
+            "cell's figures must come from its own run: run `python bench.py` again")
+
+
 _attempts = []
 
 
@@ -192,14 +205,8 @@ def test_load_matrix(served, learner_server, learner, judge_model, device, recor
     for cell in RERUN:
         compare_rerun(cell, mine[cell.name], ours[cell.name], busy, record)
     gain = mine[HEAVIEST.name]["output_throughput"] / mine[ONE_USER.name]["output_throughput"]
-    judge_gain = ours[HEAVIEST.name]["output_throughput"] / ours[ONE_USER.name]["output_throughput"]
-    record("concurrency gain", gain, target=judge_gain, unit="x")
-    if not figures_agree(gain, judge_gain, factor=GAIN_FACTOR, busy=busy, busy_moves="down"):
-        raise LabCheckFailed(
-            f"{MATRIX_DIR}/{SUMMARY}: 4 users buy {gain:.2f}x the output throughput of 1 in your matrix "
-            f"({HEAVIEST.name} over {ONE_USER.name}), {judge_gain:.2f}x in the judge's run of both cells through your "
-            f"server just now (accepted {GAIN_FACTOR:g}x either side, more below yours on a busy machine). A "
-            "cell's figures must come from its own run: run `python bench.py` again")
+    compare_gain(gain, ours[HEAVIEST.name]["output_throughput"] / ours[ONE_USER.name]["output_throughput"], busy,
+                 record)
     # the report quotes these from matrix.json (lab.yaml `report:`): the learner's figures, held to the judge's above
     record("matrix cells", len(MATRIX))
     record("heaviest output tokens per s (matrix.json)", mine[HEAVIEST.name]["output_throughput"], unit="tok/s")
