@@ -31,6 +31,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
                   "no-starvation"):
         assert "not written yet" in checks[check].message, (check, checks[check].message)
     assert "python bench.py" in checks["raw-records"].message
+    assert "python bench.py" in checks["load-matrix"].message and "missing" in checks["load-matrix"].message
 
 
 def tpot_over_all_tokens(report: str) -> str:
