@@ -90,7 +90,7 @@ def machine():
 
 @pytest.fixture
 def grade_lab(course, machine, tmp_path):
-    """grade_lab(week, source="solution"|"starter", edits={file: new_text or fn(old_text) -> new_text}, track=None,
+    """grade_lab(week, source="solution"|"starter", edits={file: new_text (or bytes) or fn(old_text) -> new_text}, track=None,
     checks=None).
 
     Copies the lab's starter or solution into a fresh folder, stamps report.md with this machine's
@@ -108,7 +108,7 @@ def grade_lab(course, machine, tmp_path):
         for name, change in (edits or {}).items():
             path = folder / name
             new = change(path.read_text()) if callable(change) else change
-            path.write_text(new)
+            path.write_bytes(new) if isinstance(new, bytes) else path.write_text(new)  # bytes: a plot, say
         result = grade(course, lab, folder, hardware=machine, checks=checks)
         return result, {c.id: c for c in result.checks}
 

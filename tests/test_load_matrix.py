@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from infracourse.kit.load_matrix import LoadCell, check_matrix, load_matrix, plot_latency_throughput, run_matrix
+from infracourse.kit.load_matrix import (LoadCell, check_matrix, in_flight_peak, load_matrix, load_problems,
+                                        plot_latency_throughput, run_matrix)
 from infracourse.kit.loadgen import (RequestRecord, RequestSpec, arrival_offsets, compute_metrics, read_records,
                                      record_stream)
 
@@ -166,3 +167,36 @@ def test_record_stream_records_a_failure_and_the_plot_is_drawn(tmp_path):
     rows = run_matrix(load_matrix([4], [3], concurrencies=[1, 2], requests=2), tmp_path, send=FakeEngine().send)
     plot_latency_throughput(rows, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_matrix_json_keeps_each_cells_seed_and_the_runs_conditions(tmp_path):
+    """A cell's seed and vocabulary give back its prompts and arrival times: a judge can re-run it request for
+    request; the run-wide conditions (device, limits, cache) are kept beside the cells."""
+    cells = load_matrix([4], [3], concurrencies=[2], rates=[40.0], requests=4)
+    run_matrix(cells, tmp_path, seed=7, vocab_size=128, conditions={"device": "cpu"}, send=FakeEngine().send)
+    summary = json.loads((tmp_path / "matrix.json").read_text())
+    assert summary["conditions"] == {"device": "cpu"}
+    assert [(row["seed"], row["vocab_size"]) for row in summary["cells"]] == [(7, 128), (8, 128)]
+    assert check_matrix(tmp_path, cells) == []
+
+
+def test_load_problems_tell_a_run_under_another_load(tmp_path):
+    """Closed loop: the records of 1 user filed under 4 show 1 in flight; open loop: a run that sent when slots
+    freed (or all at once) is off its arrival clock. The cell's own runs show nothing."""
+    four, one = LoadCell(8, 40, 8, concurrency=4), LoadCell(8, 40, 8, concurrency=1)  # ~45 ms a request
+    opened = LoadCell(8, 40, 8, rate=10.0, burstiness=0.25)
+    run_matrix([four, one, opened], tmp_path, seed=3, send=FakeEngine().send)
+    runs = {cell: read_records(tmp_path / f"{cell.name}.json")[0] for cell in (four, one, opened)}
+    assert in_flight_peak(runs[four]) == 4 and in_flight_peak(runs[one]) == 1
+    assert load_problems(runs[four], four, seed=3) == []
+    assert load_problems(runs[one], one, seed=4) == []
+    assert load_problems(runs[opened], opened, seed=5) == []
+    assert "at most 1 request(s) in flight" in load_problems(runs[one], four, seed=3)[0]
+    assert "a closed loop of 1 users keeps 1" in load_problems(runs[four], one, seed=4)[0]
+    # the closed loop's records as the open cell's: sent when a slot freed, not on the arrival clock
+    assert "off its arrival time" in load_problems(runs[one], opened, seed=5)[0]
+    # the open cell's records with the wrong seed: other arrival times
+    assert "off its arrival time" in load_problems(runs[opened], opened, seed=6)[0]
+    # a failed request ends at its send: fewer in flight than the users is then no proof of another load
+    failed = [RequestRecord(8, r.send_time, [], 0, False, "HTTP 503") if i else r for i, r in enumerate(runs[four])]
+    assert in_flight_peak(failed) < 4 and load_problems(failed, four, seed=3) == []

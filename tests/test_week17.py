@@ -1,7 +1,8 @@
 """Week 17 proves its grader: the solution passes, the starter fails every check saying what to write, each
 wrong variant the issue names fails its own check, and an honest solution in another style
 (tests/fixtures/week17-honest: chunked prefill, an asyncio loop running each step in a worker thread,
-disconnects and deadlines polled between tokens, 503 refusals) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
+disconnects and deadlines polled between tokens, 503 refusals; a bench.py that runs the load matrix cell by
+cell, with its own seeds, and the matrix it wrote against that server) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
 import json
 import statistics
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
                   "no-starvation"):
         assert "not written yet" in checks[check].message, (check, checks[check].message)
     assert "python bench.py" in checks["raw-records"].message
+    assert "python bench.py" in checks["load-matrix"].message and "missing" in checks["load-matrix"].message
 
 
 def tpot_over_all_tokens(report: str) -> str:
@@ -69,6 +71,70 @@ def deadline_from_first_token(server: str) -> str:
         "                token, finished = await (asyncio.wait_for(tokens.get(), first[0] + timeout - time.monotonic())\n"
         "                                         if first else tokens.get())\n"
         "                first = first or [time.monotonic()]")(server)
+
+
+MATRIX = SOLUTION / "matrix"
+
+
+def matrix_edits(change) -> dict:
+    """Edits of the solution's matrix/: `change(cells, summary)` rewrites the cells' files ({name: the file's
+    JSON}) and matrix.json in place; every cell it touched gets metrics recomputed from its records, as a learner
+    who edits records and reruns compute_metrics would have them."""
+    from infracourse.kit.loadgen import RequestRecord, compute_metrics
+    summary = json.loads((MATRIX / "matrix.json").read_text())
+    cells = {row["file"]: json.loads((MATRIX / row["file"]).read_text()) for row in summary["cells"]}
+    before = json.dumps(cells)
+    touched = change(cells, summary) or []
+    for row in summary["cells"]:
+        if row["file"] in touched:
+            data = cells[row["file"]]
+            row["metrics"] = compute_metrics([RequestRecord(**r) for r in data["records"]], data["duration_s"],
+                                             percentiles=summary["percentiles"],
+                                             goodput_slo_ms=summary["goodput_slo_ms"])
+    assert touched or json.dumps(cells) == before
+    return {f"matrix/{name}": json.dumps(data) for name, data in cells.items() if name in touched} | {
+        "matrix/matrix.json": json.dumps(summary)}
+
+
+def skip_cell(cells, summary):
+    """The open-loop Poisson cell of the shortest lengths never run: gone from matrix.json (the judge does not
+    re-run it: only the completeness check can see it)."""
+    summary["cells"] = [row for row in summary["cells"] if row["file"] != "in16-out4-r32-b1.json"]
+
+
+def halve_ttft(cells, summary):
+    """matrix.json's TTFT figures of a cell the judge does not re-run, halved: not what its records give."""
+    row = next(row for row in summary["cells"] if row["file"] == "in16-out16-c4.json")
+    row["metrics"]["ttft_ms"] = {k: v / 2 for k, v in row["metrics"]["ttft_ms"].items()}
+
+
+def one_user_as_four(cells, summary):
+    """The heaviest closed-loop cell's records copied from the one-user cell of the same lengths, the conditions
+    and the seed made the four-user cell's so that its prompts, its greedy outputs and its recomputed figures all
+    agree: only the load it was run under is wrong."""
+    four, one = "in64-out16-c4.json", "in64-out16-c1.json"
+    cells[four]["records"] = cells[one]["records"]
+    cells[four]["duration_s"] = cells[one]["duration_s"]
+    rows = {row["file"]: row for row in summary["cells"]}
+    rows[four]["seed"] = rows[one]["seed"]
+    return [four]
+
+
+def faster_server(cells, summary, speedup=2.5):
+    """Every cell as a server 2.5x faster than the course's ModelRunner allows would give it (one without the
+    step floor, say): a closed loop's whole run compressed, an open loop's latencies compressed on the same
+    arrival clock. Records, conditions and figures all agree with each other."""
+    for data in cells.values():
+        records = data["records"]
+        t0 = min(r["send_time"] for r in records)
+        closed = data["conditions"]["loop"] == "closed"
+        for r in records:
+            send = r["send_time"]
+            new_send = t0 + (send - t0) / speedup if closed else send
+            r["chunk_times"] = [new_send + (t - send) / speedup for t in r["chunk_times"]]
+            r["send_time"] = new_send
+        data["duration_s"] = max(t for r in records for t in r["chunk_times"]) - t0
+    return list(cells)
 
 
 VARIANTS = {
@@ -133,14 +199,57 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
     assert_variant_fails(grade_lab, "week17", check_id, edits)
 
 
+# issue 31's load matrix: each wrong matrix fails load-matrix, saying what is wrong
+MATRIX_VARIANTS = {
+    "a cell skipped": (skip_cell, "cell in16-out4-r32-b1: missing"),
+    "TTFT halved, not from the records": (halve_ttft, "cell in16-out16-c4: metrics.ttft_ms"),
+    "the 4-user cell copied from the 1-user cell": (one_user_as_four, "at most 1 request(s) in flight"),
+    "a server faster than the course's runner allows": (faster_server, "faster than any server through the course"),
+}
+
+
+@pytest.mark.parametrize("name", list(MATRIX_VARIANTS))
+def test_wrong_load_matrix_fails_its_check(grade_lab, name):
+    change, says = MATRIX_VARIANTS[name]
+    check = assert_variant_fails(grade_lab, "week17", "load-matrix", matrix_edits(change))
+    assert says in check.message, check.message
+
+
 def test_report_in_other_words_passes(grade_lab):
     _, checks = grade_lab("week17", edits={"report.md": reworded}, checks=["report"])
     assert checks["report"].status == "passed", checks["report"].message
 
 
+def with_matrix_figures_of(folder: Path):
+    """An edit of report.md: its matrix_* figures as bench.py prints them from `folder`/matrix/matrix.json."""
+    m = {row["file"].removesuffix(".json"): row["metrics"]
+         for row in json.loads((folder / "matrix" / "matrix.json").read_text())["cells"]}
+    heavy, one, bursty = m["in64-out16-c4"], m["in64-out16-c1"], m["in64-out16-r32-b0.25"]
+    figures = {"matrix_heaviest_output_tokens_per_s": heavy["output_throughput"],
+               "matrix_heaviest_ttft_p99_ms": heavy["ttft_ms"]["p99"],
+               "matrix_concurrency_gain": heavy["output_throughput"] / one["output_throughput"],
+               "matrix_bursty_ttft_p99_ms": bursty["ttft_ms"]["p99"]}
+
+    def edit(report: str) -> str:
+        lines = report.splitlines()
+        for name, value in figures.items():
+            at = [i for i, line in enumerate(lines) if line.startswith(f"{name}:")]
+            assert len(at) == 1, name
+            lines[at[0]] = f"{name}: {value:.6g}"
+        return "\n".join(lines) + "\n"
+    return edit
+
+
 def test_honest_solution_in_another_style_passes(grade_lab, machine):
+    """The honest engine and server, and the honest bench.py (the matrix's cells listed by hand in another order,
+    seeds from 1000, matrix.json and a two-panel plot written by hand), with the matrix that bench wrote against
+    that server, and the report's matrix figures as it printed them."""
+    matrix = {f"matrix/{p.name}": p.read_bytes() if p.suffix == ".png" else p.read_text()
+              for p in (HONEST / "matrix").iterdir()}
     assert_solution_passes(grade_lab, machine, "week17",
-                           edits={name: (HONEST / name).read_text() for name in ("engine.py", "server.py")})
+                           edits={**{name: (HONEST / name).read_text() for name in ("engine.py", "server.py",
+                                                                                    "bench.py")},
+                                  **matrix, "report.md": with_matrix_figures_of(HONEST)})
 
 
 def test_runner_journal_gives_each_requests_stays(tmp_path, monkeypatch):
@@ -214,3 +323,44 @@ def test_a_busy_machine_lets_occupancy_stand_in_only_for_a_full_batch_of_slow_st
     assert (message is None) == passes, message
     if says:
         assert says in message, message
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # the grading plugin registers `timing`
+def test_the_judges_rerun_forgives_a_busy_machine_and_not_a_copied_cell(monkeypatch):
+    """load-matrix's comparison of a re-run cell (compare_rerun), on the solution's stored figures: a judge's run
+    3x slower passes where the machine was busy 3x (load moved it) and fails where it was idle; the one-user
+    cell's records filed as the four-user cell's (whose records alone already fail: test_wrong_load_matrix...)
+    give a gain of 1, which fails however busy the machine (load never makes the judge's gain larger)."""
+    import copy
+    import importlib
+    import sys
+
+    from infracourse.failures import LabCheckFailed
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week17"))
+    sys.modules.pop("test_matrix", None)
+    check = importlib.import_module("test_matrix")
+    try:
+        stored = {row["file"].removesuffix(".json"): row["metrics"]
+                  for row in json.loads((MATRIX / "matrix.json").read_text())["cells"]}
+        four, one = stored["in64-out16-c4"], stored["in64-out16-c1"]
+        slower = copy.deepcopy(four)
+        slower["output_throughput"] /= 3
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            slower[key] = {stat: value * 3 for stat, value in four[key].items()}
+        recorded = {}
+
+        def record(name, value, target=None, unit=""):
+            recorded[name] = (value, target)
+
+        check.compare_rerun(check.HEAVIEST, four, slower, 3.0, record)
+        assert recorded["in64-out16-c4 output tokens per s"] == (four["output_throughput"], slower["output_throughput"])
+        with pytest.raises(LabCheckFailed, match="in64-out16-c4 gives output tokens per s"):
+            check.compare_rerun(check.HEAVIEST, four, slower, 1.0, record)
+        # the copy: its gain is 1, the judge's what 4 users really buy, below which no load widens anything
+        gain = four["output_throughput"] / one["output_throughput"]
+        check.compare_gain(gain, gain, 3.0, record)
+        with pytest.raises(LabCheckFailed, match="4 users buy 1.00x"):
+            check.compare_gain(1.0, gain, 3.0, record)
+    finally:
+        sys.modules.pop("test_matrix", None)  # a grader module, not one of this suite's

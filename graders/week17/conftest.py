@@ -12,6 +12,8 @@ a Unix socket), driven by the judge through phases whose evidence the checks rea
   pressure    the token budget saturated, the pool too small for the running sequences (preemption forced),
               later arrivals and a request with a deadline queued behind them; the course's ModelRunner
               journals every step's pieces, which the checks hold against the scheduler's rules
+  matrix      three cells of the learner's load matrix run again (kit.load_matrix.run_cell, the learner's seeds):
+              the heaviest closed-loop cell, its one-user control and the bursty open-loop cell
 
 and, for the throughput check, the course's static-batching server (kit.static_server) on the same load point.
 What the server says about itself (/debug/state) is evidence, held against what the judge saw on the wire.
@@ -26,8 +28,8 @@ import pytest
 from infracourse.grader import serving
 from infracourse.kit import batching
 from infracourse.kit.threads import intra_op_threads
-from week17_judging import (JOURNAL, Served, keep_phase, phase_burst, phase_disconnect, phase_load, phase_pressure,
-                            phase_starvation, phase_timeout)
+from week17_judging import (JOURNAL, MATRIX_DIR, Served, keep_phase, matrix_seeds, phase_burst, phase_disconnect,
+                            phase_load, phase_matrix, phase_pressure, phase_starvation, phase_timeout)
 
 
 @pytest.fixture(scope="session")
@@ -44,11 +46,12 @@ def learner_server(learner, device, tmp_path_factory):
 # timeout probe's deadline comes from the load phase's time per token, so request-timeout needs the load too
 PHASE_CHECKS = {"load": {"blocks-freed", "greedy-outputs", "throughput-vs-static", "request-timeout"},
                 "starvation": {"no-starvation"}, "disconnect": {"disconnect-frees"}, "timeout": {"request-timeout"},
-                "burst": {"backpressure"}, "pressure": {"preemption", "request-timeout", "token-budget"}}
+                "burst": {"backpressure"}, "pressure": {"preemption", "request-timeout", "token-budget"},
+                "matrix": {"load-matrix"}}
 
 
 @pytest.fixture(scope="session")
-def served(learner_server, seed, device, graded_checks) -> Served:
+def served(learner_server, learner, seed, device, graded_checks) -> Served:
     server, cfg, s = learner_server, batching.bench_config(device), seed % 10_000
     wanted = {name for name, readers in PHASE_CHECKS.items() if readers & graded_checks}
     phases: dict[str, serving.Phase] = {}
@@ -67,6 +70,8 @@ def served(learner_server, seed, device, graded_checks) -> Served:
         keep_phase(phases, "burst", server, phase_burst, s, cfg)
     if "pressure" in wanted:
         keep_phase(phases, "pressure", server, phase_pressure, s, cfg, Path(server.uds).parent / JOURNAL)
+    if "matrix" in wanted:
+        keep_phase(phases, "matrix", server, phase_matrix, matrix_seeds(learner.path(MATRIX_DIR) / "matrix.json"))
     return Served(s, cfg, phases, server.log_tail(20000))
 
 

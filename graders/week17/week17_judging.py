@@ -17,6 +17,7 @@ import torch
 
 from infracourse.grader import LabCheckFailed, cpu_contention, serving
 from infracourse.kit import batching
+from infracourse.kit.load_matrix import LoadCell, load_matrix, run_cell
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
 
 
@@ -429,3 +430,42 @@ def load_point(server: serving.Server, seed: int, who: str) -> dict:
 
 def median(values):
     return statistics.median(values) if values else 0.0
+
+
+# The load matrix (bench.py writes it into matrix/ with kit.load_matrix.run_matrix): the handout's cells, and the
+# ones the judge runs again through the learner's server: the heaviest closed-loop cell, its one-user control
+# (the throughput 4 users buy over 1, a ratio in which the machine's load cancels) and the bursty open-loop cell
+# of the same lengths (a queue builds in its clumps)
+MATRIX_DIR = "matrix"
+MATRIX = load_matrix(input_lens=[16, 64], output_lens=[4, 16], concurrencies=[1, 4], rates=[32.0],
+                     burstiness=[1.0, 0.25], requests=8)
+HEAVIEST = LoadCell(64, 16, 8, concurrency=4)
+ONE_USER = LoadCell(64, 16, 8, concurrency=1)
+BURSTY = LoadCell(64, 16, 8, rate=32.0, burstiness=0.25)
+RERUN = (HEAVIEST, ONE_USER, BURSTY)
+
+
+def matrix_seeds(summary_path: Path) -> dict[str, int]:
+    """Each re-run cell's seed as the learner's matrix.json gives it (run_matrix: seed + k), so the judge sends
+    the same prompts on the same arrival clock; the handout's (cell k of MATRIX: k) where it gives none."""
+    seeds = {cell.name: k for k, cell in enumerate(MATRIX)}
+    try:
+        rows = json.loads(summary_path.read_text(encoding="utf-8"))["cells"]
+        stated = {row["file"].removesuffix(".json"): row["seed"] for row in rows}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return seeds
+    return {name: stated[name] if type(stated.get(name)) is int and stated[name] >= 0 else seed
+            for name, seed in seeds.items()}
+
+
+def phase_matrix(server: serving.Server, seeds: dict[str, int]) -> dict:
+    """The re-run cells through the learner's server, the judge's clock, each with the learner's seed."""
+    wait_idle(server, batching.bench_config().num_blocks, 2.0)
+    metrics = {}
+    for cell in RERUN:
+        records, duration = run_cell(cell, seed=seeds[cell.name], vocab_size=batching.SERVE_GPT.vocab_size,
+                                     uds=server.uds, base_url=server.base_url, timeout_s=60.0)
+        server.require_alive(f"during the load matrix's cell {cell.name}")
+        metrics[cell.name] = compute_metrics(records, duration, percentiles=PERCENTILES,
+                                             goodput_slo_ms=batching.BENCH_SLO_MS)
+    return {"metrics": metrics, "contention": cpu_contention()}

@@ -17,7 +17,8 @@ this module holds what a grader calls. By job:
 - comparison: `assert_close`, `assert_grad_close`, `relative_error`, `wrong_blocks`, `tolerance`
 - timing: `timed` (a learner call, clocked by the judge), `reference_time` (a library op, here),
   `require_fraction`, `require_speedup`, `require_possible`
-- figures: `read_figures` (a report's figures block), `read_json_figure` (a number the learner's run wrote), `check_formula`, `check_measured`
+- figures: `read_figures` (a report's figures block), `read_json_figure` (a number the learner's run wrote),
+  `figures_agree` (a learner's figure against the grader's re-measure, load-aware), `check_formula`, `check_measured`
 - processes: `run_script`, `run_ranks` / `start_ranks` / `collect` / `rank_processes` / `RanksRun` (a torchrun
   world), `serving` (a learner's server), `server_environment`, `launch` (start a confined process: the one door
   every process of learner code goes through), `output` (bounded capture of a process's output)
@@ -40,7 +41,7 @@ from infracourse.grading.plugin import blocked
 from infracourse.grading.protocol import BuildInWorker
 from infracourse.grading.provenance import require_clean_sources
 from infracourse.grading.remote import LearnerHung, LearnerRaised
-from infracourse.grading.report_check import read_figures, read_json_figure
+from infracourse.grading.report_check import figures_agree, read_figures, read_json_figure
 from infracourse.grading.torchrun import RanksRun, collect, rank_processes, run_ranks, start_ranks
 from infracourse.launch import output
 from infracourse.hardware import cpu_contention
@@ -67,7 +68,7 @@ __all__ = [
     # timing
     "timed", "reference_time", "require_fraction", "require_speedup", "require_possible", "cpu_contention",
     # figures
-    "read_figures", "read_json_figure", "check_formula", "check_measured",
+    "read_figures", "read_json_figure", "figures_agree", "check_formula", "check_measured",
     # processes
     "run_script", "run_ranks", "start_ranks", "collect", "rank_processes", "RanksRun", "serving", "output", "launch",
     "server_environment",

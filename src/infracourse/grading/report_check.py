@@ -167,14 +167,23 @@ def _contention(figure: ReportFigure, measured: dict[str, dict]) -> float:
 
 
 def _agree(mine: float, ours: float, figure: ReportFigure, busy: float = 1.0) -> bool:
-    """Within the figure's tolerance; where the grader's figure is off the way load moves it (larger for a time,
-    smaller for a rate: `busy_moves`), the tolerance grows by `busy`, the contention its measurement ran under."""
-    slower = busy if (ours > mine) == (figure.busy_moves == "up") else 1.0
-    if abs(mine - ours) <= figure.absolute * slower:
+    return figures_agree(mine, ours, factor=figure.factor, absolute=figure.absolute, busy=busy,
+                         busy_moves=figure.busy_moves)
+
+
+def figures_agree(mine: float, ours: float, *, factor: float = 1.0, absolute: float = 0.0, busy: float = 1.0,
+                  busy_moves: str = "up") -> bool:
+    """The learner's figure `mine` within `factor` (either side) or `absolute` of the grader's `ours`; where the
+    grader's figure is off the way load moves it (larger for a time: busy_moves "up", smaller for a rate: "down"),
+    the tolerance grows by `busy`, the contention its measurement ran under (hardware.cpu_contention), at most
+    BUSY_CAP."""
+    busy = min(max(busy, 1.0), BUSY_CAP)
+    slower = busy if (ours > mine) == (busy_moves == "up") else 1.0
+    if abs(mine - ours) <= absolute * slower:
         return True
     if mine == 0 or ours == 0 or (mine > 0) != (ours > 0):
         return False
-    return max(mine / ours, ours / mine) <= figure.factor * (slower if figure.factor > 1 else 1.0)
+    return max(mine / ours, ours / mine) <= factor * (slower if factor > 1 else 1.0)
 
 
 def _tolerance(figure: ReportFigure, busy: float = 1.0) -> str:

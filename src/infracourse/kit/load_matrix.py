@@ -15,7 +15,10 @@ Two kinds of load, as a serving engineer sweeps them:
     problems = check_matrix("results/", cells)      # [] when every cell is there and its figures recompute
 
 On disk (`results/`): one `<cell name>.json` per cell as loadgen.write_records writes it (the cell's conditions
-in "conditions") and `matrix.json` = {"percentiles", "goodput_slo_ms", "cells": [{"cell", "file", "metrics"}]}.
+in "conditions") and `matrix.json` = {"percentiles", "goodput_slo_ms", "conditions" (what holds for every cell:
+device, server limits, cache), "cells": [{"cell", "file", "seed", "vocab_size", "metrics"}]}: a cell's seed and
+vocabulary give back its prompts and its arrival times (run_cell), so a judge can re-run it request for request.
+`load_problems(records, cell, seed=)` tells whether a cell's records show its load (users in flight, arrival times).
 """
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from infracourse.kit.loadgen import compute_metrics, read_records, request_matrix, run_load, write_records
+import numpy as np
+
+from infracourse.kit.loadgen import (RequestRecord, arrival_offsets, compute_metrics, read_records, request_matrix,
+                                     run_load, write_records)
 
 PERCENTILES = (50, 95, 99)
 SUMMARY = "matrix.json"
@@ -89,19 +95,22 @@ def run_cell(cell: LoadCell, *, seed: int = 0, vocab_size: int = 256, **transpor
                     **transport)
 
 
-def run_matrix(cells: Sequence[LoadCell], out_dir, *, seed: int = 0, percentiles=PERCENTILES,
-               goodput_slo_ms: dict | None = None, **transport) -> list[dict]:
-    """Run every cell in order (cell k with seed + k), write its records and matrix.json; returns the rows."""
+def run_matrix(cells: Sequence[LoadCell], out_dir, *, seed: int = 0, vocab_size: int = 256, percentiles=PERCENTILES,
+               goodput_slo_ms: dict | None = None, conditions: dict | None = None, **transport) -> list[dict]:
+    """Run every cell in order (cell k with seed + k), write its records and matrix.json; returns the rows.
+    `conditions`: what holds for every cell (the device, the server's limits, the cache), kept in matrix.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for k, cell in enumerate(cells):
-        records, duration = run_cell(cell, seed=seed + k, **transport)
+        records, duration = run_cell(cell, seed=seed + k, vocab_size=vocab_size, **transport)
         write_records(out / f"{cell.name}.json", records, duration, **cell.conditions())
-        rows.append({"cell": cell.conditions(), "file": f"{cell.name}.json",
+        rows.append({"cell": cell.conditions(), "file": f"{cell.name}.json", "seed": seed + k,
+                     "vocab_size": vocab_size,
                      "metrics": compute_metrics(records, duration, percentiles=percentiles,
                                                 goodput_slo_ms=goodput_slo_ms)})
-    summary = {"percentiles": list(percentiles), "goodput_slo_ms": goodput_slo_ms, "cells": rows}
+    summary = {"percentiles": list(percentiles), "goodput_slo_ms": goodput_slo_ms, "conditions": conditions or {},
+               "cells": rows}
     (out / SUMMARY).write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return rows
 
@@ -151,9 +160,50 @@ def check_matrix(out_dir, expected: Sequence[LoadCell], *, rel: float = 1e-6) ->
     return problems
 
 
-def plot_latency_throughput(rows: Sequence[dict], path, *, latency: str = "e2el_ms", stat: str = "p99") -> None:
+def in_flight_peak(records: Sequence[RequestRecord]) -> int:
+    """The most requests in flight at once on the client's clock: each from its send to its last chunk (a
+    request without a chunk only at its send)."""
+    events = sorted([(r.send_time, 1) for r in records] +
+                    [(r.chunk_times[-1] if r.chunk_times else r.send_time, -1) for r in records])
+    peak = now = 0
+    for _, step in events:  # an end before a send at the same instant: the slot was given back first
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def load_problems(records: Sequence[RequestRecord], cell: LoadCell, *, seed: int, spread_s: float = 0.1) -> list[str]:
+    """What in a cell's records (in send order, run with `seed`) contradicts the cell's load, one line each ([]
+    when nothing). Closed loop: never more than `concurrency` requests in flight, and exactly that many when
+    every request succeeded (the first `concurrency` are sent at once). Open loop: each request sent on the
+    arrival clock of arrival_offsets(seed): its send time less its planned arrival is the same for every request
+    within spread_s (a busy event loop sends a little late; a closed loop sends when a slot frees, all at once
+    sends them early)."""
+    if not records:
+        return [f"no records: a cell of {cell.requests} requests"]
+    if cell.loop == "closed":
+        peak = in_flight_peak(records)
+        if peak > cell.concurrency or (peak < cell.concurrency and all(r.success for r in records)):
+            return [f"at most {peak} request(s) in flight at once (send to last chunk), a closed loop of "
+                    f"{cell.concurrency} users keeps {cell.concurrency}: these records are another load's"]
+        return []
+    planned = arrival_offsets(len(records), cell.rate, cell.burstiness, seed=seed)
+    offset = [r.send_time - at for r, at in zip(records, planned)]
+    typical = float(np.median(offset))
+    worst = max(range(len(records)), key=lambda i: abs(offset[i] - typical))
+    if max(offset) - min(offset) > spread_s:
+        return [f"request {worst} was sent {(offset[worst] - typical) * 1000:+.0f} ms off its arrival time "
+                f"({planned[worst] * 1000:.0f} ms after the first, arrival_offsets with seed {seed}), the others "
+                f"within {spread_s * 1000:.0f} ms of theirs: an open loop sends on the arrival clock whatever the "
+                "server does"]
+    return []
+
+
+def plot_latency_throughput(rows: Sequence[dict], path, *, latency: str = "e2el_ms", stat: str = "p99",
+                            title: str | None = None) -> None:
     """One curve per (input, output) pair and loop: output tokens/s (x) against a latency statistic (y), a point
-    per load, labelled with its concurrency or rate: where more load stops buying throughput and buys latency."""
+    per load, labelled with its concurrency or rate: where more load stops buying throughput and buys latency.
+    `title` states what the figures are of (a device, or the course's CPU stand-in)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,6 +224,8 @@ def plot_latency_throughput(rows: Sequence[dict], path, *, latency: str = "e2el_
     ax.set_xlabel("output tokens / s")
     ax.set_ylabel(f"{latency.removesuffix('_ms').upper()} {stat} (ms)")
     ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
