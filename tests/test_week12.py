@@ -42,7 +42,8 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
 VARIANTS = {
     # the partial sums are all-reduced every micro-step: the same weights, A times the communication
     "no no_sync on the first micro-steps": ("one-allreduce-per-step", {"train_ddp.py": replace_once(
-        "sync = nullcontext() if micro == accumulation - 1 else model.no_sync()", "sync = nullcontext()")}),
+        "sync = nullcontext() if overlap and micro == accumulation - 1 else model.no_sync()",
+        "sync = nullcontext() if overlap else model.no_sync()")}),
     "no set_epoch": ("shards-disjoint-complete", {"train_ddp.py": replace_once(
         "        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank\n", "")}),
     "loss not divided by the accumulation": ("ddp-matches-single", {"train_ddp.py": replace_once(

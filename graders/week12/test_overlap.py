@@ -43,7 +43,8 @@ def steps_of(result: dict, world, name: str, rank: int) -> list[list[str]]:
             current.append(kind)
     wanted = world.experiments[name]["steps"]
     if len(steps) != wanted:
-        seen = ", ".join(f"{sum(1 for e in events if e[0] == kind)} {kind}" for kind in ("grad", "bucket", "allreduce"))
+        noted = [event[0] for event in events]
+        seen = ", ".join(f"{noted.count(kind)} {kind}" for kind in ("grad", "bucket", "allreduce"))
         raise LabCheckFailed(f"rank {rank}: the course saw {len(steps)} optimiser steps in a run of {wanted} "
                              f"({world.describe(name)}; and {seen} events): use the kit's make_optimizer and call "
                              "its step() once per optimiser step")
@@ -69,7 +70,7 @@ def overlapped(steps: list[list[str]], where: str) -> int:
         if early == 0 and buckets == 0:
             raise LabCheckFailed(
                 f"{where}, step {number}: with overlap=True DDP launched no all-reduce at all (the course saw "
-                f"{kinds.count('allreduce')} torch.distributed.all_reduce call(s) instead, after backward): the "
+                f"{kinds.count('allreduce')} torch.distributed.all_reduce call(s) of your own instead): the "
                 "overlapped mode leaves the last micro-step's forward and backward outside no_sync, so DDP "
                 "all-reduces each bucket from inside backward as soon as its gradients are ready")
         if early == 0:
