@@ -235,7 +235,7 @@ def run_experiments(experiments: list[dict], module: str = "train_ddp", function
         started = time.perf_counter()
         try:
             out = train(**config, device=device)
-        except Exception:  # the learner's, raised the same way in every rank (a keyword train() lacks, say)
+        except Exception:  # the learner's (a keyword train() lacks, say): this run's checks fail, not the earlier
             results.append({"error": traceback.format_exc()[-3000:]})
             break
         wall = time.perf_counter() - started
