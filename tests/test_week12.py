@@ -32,7 +32,8 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
 def test_starter_fails_and_says_what_to_do(grade_lab):
     result, checks = grade_lab("week12", source="starter", stamp=False)
     assert not result.complete
-    for check in ("ddp-matches-single", "shards-disjoint-complete", "one-allreduce-per-step", "rank0-checkpoint"):
+    for check in ("ddp-matches-single", "shards-disjoint-complete", "one-allreduce-per-step", "rank0-checkpoint",
+                  "overlap-observed"):
         assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
         assert "write train_ddp.train" in checks[check].message
     assert checks["report"].status == "failed"
@@ -41,7 +42,8 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
 VARIANTS = {
     # the partial sums are all-reduced every micro-step: the same weights, A times the communication
     "no no_sync on the first micro-steps": ("one-allreduce-per-step", {"train_ddp.py": replace_once(
-        "sync = nullcontext() if micro == accumulation - 1 else model.no_sync()", "sync = nullcontext()")}),
+        "sync = nullcontext() if overlap and micro == accumulation - 1 else model.no_sync()",
+        "sync = nullcontext() if overlap else model.no_sync()")}),
     "no set_epoch": ("shards-disjoint-complete", {"train_ddp.py": replace_once(
         "        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank\n", "")}),
     "loss not divided by the accumulation": ("ddp-matches-single", {"train_ddp.py": replace_once(
@@ -70,6 +72,43 @@ VARIANTS = {
         "strong_efficiency: 0.501 ", "strong_efficiency: 1.002 ")}),
     "weak efficiency that does not follow from its timings": ("figures-follow", {"report.md": replace_once(
         "weak_efficiency: 0.506 ", "weak_efficiency: 0.61  ")}),
+    # issue 29, class 8: communication/computation overlap, observed by the course's hooks (order, not speed).
+    # An "overlapped" mode that reduces after backward anyway: the same weights, no all-reduce during backward
+    "overlapped mode that all-reduces after backward": ("overlap-observed", {"train_ddp.py": _edits(
+        replace_once("sync = nullcontext() if overlap and micro == accumulation - 1 else model.no_sync()",
+                     "sync = model.no_sync()  # reduce after backward, whatever the mode"),
+        replace_once("            if not overlap:\n                average_gradients(model)\n",
+                     "            average_gradients(model)\n"))}),
+    # DDP with its default buckets whatever bucket_cap_mb says: one bucket, which can only start after the last
+    # gradient, so nothing overlaps (the weights are right)
+    "overlapped mode with one bucket (bucket_cap_mb ignored)": ("overlap-observed", {"train_ddp.py": replace_once(
+        "device_ids=[device] if device != \"cpu\" else None,\n                bucket_cap_mb=bucket_cap_mb)",
+        "device_ids=[device] if device != \"cpu\" else None)")}),
+    # without overlap DDP still syncs on the last micro-step, then the explicit all-reduce averages the average
+    # again: the same weights, but the all-reduce ran during backward
+    "non-overlapped mode that leaves DDP's all-reduce on": ("overlap-observed", {"train_ddp.py": replace_once(
+        "sync = nullcontext() if overlap and micro == accumulation - 1 else model.no_sync()",
+        "sync = nullcontext() if micro == accumulation - 1 else model.no_sync()")}),
+    "non-overlapped mode that skips the all-reduce": ("overlap-observed", {"train_ddp.py": replace_once(
+        "            if not overlap:\n                average_gradients(model)\n", "")}),
+    # the gradients summed over the ranks, not averaged: twice the step of the reference
+    "non-overlapped mode that does not average": ("overlap-observed", {"train_ddp.py": replace_once(
+        "    flat /= dist.get_world_size()\n", "")}),
+    # a train() written before the overlap mode: train(overlap=False) raises TypeError in every rank, which
+    # costs the overlap check only (run_experiments stops at the experiment that raised; the grader runs the
+    # overlap experiments last in world 2)
+    "train() without the overlap mode": ("overlap-observed", {"train_ddp.py": replace_once(
+        "comm_hook=None,\n          overlap: bool = True) -> dict:", "comm_hook=None) -> dict:\n    overlap = True")}),
+    # overlap figures not measured here, made to agree with each other (a 1.5x gain): a step two CPU ranks never
+    # take, 20-30x below the fastest seen at any load (2.4 ms), so they fail even where the grade's contention
+    # widens the tolerance the most (5x, times at most 3x); load only lengthens the grader's steps
+    "invented overlap figures in the report": ("report", {"report.md": _edits(
+        replace_once("overlap_step_ms: 3.49 ", "overlap_step_ms: 0.08 "),
+        replace_once("no_overlap_step_ms: 3.26 ", "no_overlap_step_ms: 0.12 "),
+        replace_once("overlap_gain: 0.934 ", "overlap_gain: 1.5   "))}),
+    # the gain taken the wrong way round (overlapped / not overlapped): it no longer follows from the two steps
+    "overlap gain inverted": ("figures-follow", {"report.md": replace_once(
+        "overlap_gain: 0.934 ", "overlap_gain: 1.071 ")}),
     # train() returns one rank's throughput: half the global figure in world 2, whatever the load
     "train() returns per-rank samples/s": ("scaling-measured", {"train_ddp.py": replace_once(
         '"samples_per_s": global_batch / median(step_s)', '"samples_per_s": per_rank_batch * accumulation / '

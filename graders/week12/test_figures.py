@@ -2,9 +2,10 @@
 
 The report's timings are compared with this grade's re-measurement only within 5x (a shared machine moves a
 launch's step 3.5x between grades), so a derived figure off by 2-3x would pass that comparison: an MFU from the
-forward FLOPs alone (3x low), one rank's samples/s reported as the world's (2x low), an efficiency that does not
-follow from the timings beside it. Here each derived figure is recomputed from the report's own step times and
-calibrated peak, exactly (2 % for rounding), so a mistake in the formula fails whatever the load."""
+forward FLOPs alone (3x low), one rank's samples/s reported as the world's (2x low), an efficiency or an overlap
+gain that does not follow from the timings beside it. Here each derived figure is recomputed from the report's
+own step times and calibrated peak, exactly (2 % for rounding), so a mistake in the formula fails whatever the
+load."""
 from __future__ import annotations
 
 import pytest
@@ -31,11 +32,14 @@ def relations(f: dict[str, float]) -> list[tuple[str, str, float, str]]:
          "strong efficiency = T1 / (N x T2) at the same global batch: t1_strong_ms / (2 x step_ms)"),
         ("weak_efficiency", f["weak_efficiency"], f["t1_weak_ms"] / f["step_ms"],
          "weak efficiency = T1 / T2 at the same per-rank batch: t1_weak_ms / step_ms"),
+        ("overlap_gain", f["overlap_gain"], f["no_overlap_step_ms"] / f["overlap_step_ms"],
+         "what overlap bought = the step without overlap / the overlapped step: no_overlap_step_ms / "
+         "overlap_step_ms"),
     ]
 
 
 NEEDED = ("global_batch", "step_ms", "samples_per_s", "mfu", "peak_gflops", "t1_strong_ms", "t1_weak_ms",
-          "strong_efficiency", "weak_efficiency")
+          "strong_efficiency", "weak_efficiency", "overlap_step_ms", "no_overlap_step_ms", "overlap_gain")
 
 
 @pytest.mark.check("figures-follow")
@@ -51,7 +55,7 @@ def test_derived_figures_follow_from_the_timings(learner, record):
     if figures["global_batch"] != STRONG_GLOBAL:
         raise LabCheckFailed(f"{REPORT}: global_batch is {figures['global_batch']:g}; the strong-scaling runs' "
                              f"global batch is per-rank batch x accumulation x world = {STRONG_GLOBAL}")
-    for name in ("step_ms", "peak_gflops", "t1_strong_ms", "t1_weak_ms"):
+    for name in ("step_ms", "peak_gflops", "t1_strong_ms", "t1_weak_ms", "overlap_step_ms", "no_overlap_step_ms"):
         if figures[name] <= 0:
             raise LabCheckFailed(f"{REPORT}: {name} is {figures[name]:g}; a time or a rate is positive")
     for name, got, want, relation in relations(figures):

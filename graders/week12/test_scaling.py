@@ -20,7 +20,7 @@ import pytest
 from infracourse.grader import LabCheckFailed, run_ranks
 from infracourse.kit import ddp_reference as ref
 from week12_judging import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS, course_step_s,
-                            params_difference, step_gaps)
+                            experiment_error, params_difference, step_gaps)
 
 GPU_GLOBAL = 4096  # the timed GPU runs' global batch
 AGREE = 2.0  # the learner's own step time and samples/s against the course's clock of the same run (CPU noise)
@@ -29,6 +29,7 @@ AGREE = 2.0  # the learner's own step time and samples/s against the course's cl
 def _within_launch(world) -> None:
     """Physics: what the ranks timed fits inside the judge's own clock around the launch."""
     for rank, out in enumerate(world.run.outputs):
+        out = [e for e in out if "error" not in e]  # an experiment that raised is its own checks' failure
         inside = sum(e["wall_s"] for e in out)
         if inside > world.run.wall_s:
             raise LabCheckFailed(f"rank {rank} of world {world.size} timed {inside:.2f} s of training inside a launch "
@@ -133,8 +134,9 @@ def _gpu_world(learner, tmp_path, size: int, seed: int):
                         samples=GPU_GLOBAL * TIMED_STEPS, seed=seed)]
     run = run_ranks(KIT, "run_experiments", learner_dir=learner.root, world_size=size,
                     kwargs={"experiments": experiments}, device="cuda", probe=KIT, timeout_s=240, scratch=tmp_path)
-    if run.failure():
-        raise LabCheckFailed(f"the CUDA world of {size} failed: {run.failure()[-1800:]}")
+    failure = run.failure() or next((raised[1] for out in run.outputs if (raised := experiment_error(out))), None)
+    if failure:
+        raise LabCheckFailed(f"the CUDA world of {size} failed: {failure[-1800:]}")
     params, _ = ref.reference_train(STEPS, GLOBAL_BATCH, SAMPLES, seed)
     for rank, out in enumerate(run.outputs):
         problem = params_difference(out[0]["out"].get("params"), params)

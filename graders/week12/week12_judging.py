@@ -32,12 +32,28 @@ class World:
             raise LabCheckFailed(f"the world of {self.size} rank(s) failed, so this cannot be checked: "
                                  f"{_teach(failure)}")
         index = list(self.experiments).index(name)
+        for rank, out in enumerate(self.run.outputs):
+            raised = experiment_error(out)
+            if raised is not None and raised[0] <= index:
+                first = list(self.experiments)[raised[0]]
+                ran = "" if first == name else f" (so {name!r}, which runs after it, did not run)"
+                raise LabCheckFailed(f"rank {rank}: train() raised in the run {first!r} ({self.describe(first)})"
+                                     f"{ran}: {_teach(raised[1])}")
         return [out[index] for out in self.run.outputs]
 
     def describe(self, name: str) -> str:
         c = self.experiments[name]
+        mode = "" if c.get("overlap", True) else ", overlap=False"
         return (f"world {self.size}, per_rank_batch {c['per_rank_batch']}, accumulation {c['accumulation']}, "
-                f"bucket_cap_mb {c.get('bucket_cap_mb', 25.0)}, samples {c['samples']}, seed {c['seed']}")
+                f"bucket_cap_mb {c.get('bucket_cap_mb', 25.0)}{mode}, samples {c['samples']}, seed {c['seed']}")
+
+
+def experiment_error(out: list[dict]) -> tuple[int, str] | None:
+    """(index, traceback) of the experiment that raised in one rank's run_experiments list, or None."""
+    for index, result in enumerate(out):
+        if "error" in result:
+            return index, str(result["error"])
+    return None
 
 
 def _teach(failure: str) -> str:
@@ -62,8 +78,9 @@ def main_experiment(accumulation: int, seed: int, **extra) -> dict:
     return dict(steps=STEPS, per_rank_batch=PER_RANK, accumulation=accumulation, samples=SAMPLES, seed=seed, **extra)
 
 
-def timed_experiment(per_rank: int, seed: int) -> dict:
-    return dict(steps=TIMED_STEPS, per_rank_batch=per_rank, accumulation=1, samples=TIMED_SAMPLES, seed=seed)
+def timed_experiment(per_rank: int, seed: int, **extra) -> dict:
+    return dict(steps=TIMED_STEPS, per_rank_batch=per_rank, accumulation=1, samples=TIMED_SAMPLES, seed=seed,
+                **extra)
 
 
 @dataclass

@@ -17,6 +17,7 @@ import importlib
 import os
 import resource
 import time
+import traceback
 
 import torch
 from torch import nn
@@ -61,6 +62,12 @@ def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 STEP_CLOCK: list[float] = []  # perf_counter at the end of every optimiser step in this process (course clock)
+# What happened in this process, in the order it happened: ("grad", t) a parameter's gradient was accumulated,
+# ("bucket", t) DDP launched a bucket's all-reduce (the course's comm hook), ("allreduce", t) the code called
+# torch.distributed.all_reduce, ("step", t) an optimiser step ended. The position in the list is the order (the
+# autograd engine runs a CPU backward, its hooks and DDP's launches on one thread), so whether an all-reduce
+# began before backward's last gradient is read from positions, not from a clock a busy machine stretches.
+EVENTS: list[tuple[str, float]] = []
 
 
 class ClockedSGD(torch.optim.SGD):
@@ -70,6 +77,7 @@ class ClockedSGD(torch.optim.SGD):
     def step(self, closure=None):
         result = super().step(closure)
         STEP_CLOCK.append(time.perf_counter())
+        EVENTS.append(("step", STEP_CLOCK[-1]))
         return result
 
 
@@ -139,6 +147,7 @@ def _reset_counts() -> None:
     _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[], allreduce_s=0.0,
                    allreduce_spans=[])
     STEP_CLOCK.clear()
+    EVENTS.clear()
 
 
 _ALL_REDUCE = None  # torch.distributed.all_reduce as it was before install() wrapped it
@@ -152,6 +161,7 @@ def _counting_hook(state, bucket):
     _COUNTS["bucket_reductions"][bucket.index()] += 1
     tensor = bucket.buffer().div_(dist.get_world_size())
     launched = time.perf_counter()
+    EVENTS.append(("bucket", launched))
     future = _ALL_REDUCE(tensor, async_op=True).get_future()
 
     def done(fut):
@@ -163,8 +173,13 @@ def _counting_hook(state, bucket):
     return future.then(done)
 
 
+def _gradient_ready(param) -> None:
+    EVENTS.append(("grad", time.perf_counter()))
+
+
 def install() -> None:
-    """Before the learner's import: every DDP model gets the counting hook; all_reduce and torch.save counted."""
+    """Before the learner's import: every DDP model gets the counting hook and its parameters a hook noting when
+    their gradient is accumulated (before DDP's own hook sees it); all_reduce and torch.save counted."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -176,9 +191,13 @@ def install() -> None:
     def counted_init(self, *args, **kwargs):
         ddp_init(self, *args, **kwargs)
         self.register_comm_hook(None, _counting_hook)
+        for param in self.module.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(_gradient_ready)
 
     def counted_all_reduce(*args, **kwargs):
         _COUNTS["python_all_reduce"] += 1
+        EVENTS.append(("allreduce", time.perf_counter()))
         return all_reduce(*args, **kwargs)
 
     def counted_save(obj, f, *args, **kwargs):
@@ -203,7 +222,9 @@ def _peak_memory_mb(device: str) -> float:
 
 def run_experiments(experiments: list[dict], module: str = "train_ddp", function: str = "train") -> list[dict]:
     """Call the learner's train(**config) once per experiment in this rank; for each, what it returned and
-    what the course saw: its wall time, the optimiser steps' end times, bucket reductions, saves, peak memory."""
+    what the course saw: its wall time, the optimiser steps' end times, bucket reductions, saves, the order of
+    gradients, all-reduces and steps (EVENTS), peak memory. An experiment that raises ends the list with
+    {"error": its traceback's tail}: the ones before it stand (their checks go on), none after it runs."""
     train = getattr(importlib.import_module(module), function)
     device = os.environ.get("INFRACOURSE_DEVICE", "cpu")
     results = []
@@ -212,13 +233,17 @@ def run_experiments(experiments: list[dict], module: str = "train_ddp", function
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        out = train(**config, device=device)
+        try:
+            out = train(**config, device=device)
+        except Exception:  # the learner's (a keyword train() lacks, say): this run's checks fail, not the earlier
+            results.append({"error": traceback.format_exc()[-3000:]})
+            break
         wall = time.perf_counter() - started
         results.append({"out": out, "wall_s": wall, "step_ends": list(STEP_CLOCK),
                         "bucket_reductions": dict(_COUNTS["bucket_reductions"]),
                         "python_all_reduce": _COUNTS["python_all_reduce"], "saves": list(_COUNTS["saves"]),
                         "allreduce_s": _COUNTS["allreduce_s"], "allreduce_spans": list(_COUNTS["allreduce_spans"]),
-                        "peak_memory_mb": _peak_memory_mb(device)})
+                        "events": list(EVENTS), "peak_memory_mb": _peak_memory_mb(device)})
     return results
 
 
