@@ -71,7 +71,7 @@ def main() -> None:
             result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event)
             checks = {c.id: c for c in result.checks}
             if args.refresh_report and "report" in checks and checks["report"].status == "failed" \
-                    and refresh_figures(folder / lab.spec.report, lab.spec.report, checks):
+                    and refresh_figures(course, lab, folder, result, hw, cache):
                 print(f"\n(first grade of {result.week}: report failed: {checks['report'].message[:300]}; its figures "
                       f"block now holds this grade's measurements, graded again)")
                 result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event)
@@ -125,29 +125,21 @@ def run_lab_command(command: str, folder: Path, report, hw) -> None:
         path.write_text(FIGURES_BLOCK.sub(lambda m: printed.group(0), text, count=1))
 
 
-def refresh_figures(path: Path, spec, checks: dict) -> bool:
-    """Rewrite the report's figures block with what this grade's checks recorded (a learner on this machine
-    copies their run's figures the same way); False when a measured figure is missing (its check failed)."""
+def refresh_figures(course, lab, folder: Path, result, hw, cache) -> bool:
+    """Rewrite the report's figures block with what this grade's checks recorded, as `infracourse measure` does
+    (derived figures from their check graded again on the rewritten block); False when a measured figure is
+    missing (its check failed)."""
+    from infracourse.grading.measure import measure_report
 
-    from infracourse.grading.report_check import FIGURES_BLOCK
+    grades = iter([result])
 
-    lines = []
-    for figure in spec.figures:
-        if figure.check is None:
-            value = figure.expected
-        else:
-            check = checks.get(figure.check)
-            recorded = check.figures.get(figure.measured) if check else None
-            if check is not None and check.status == "blocked":
-                continue
-            if recorded is None:
-                return False
-            value = getattr(recorded, figure.compare_with)
-        lines.append(f"{figure.name}: {value:.12g}")
-    text = path.read_text()
-    block = "```yaml figures\n" + "\n".join(lines) + "\n```"
-    path.write_text(FIGURES_BLOCK.sub(lambda m: block, text, count=1) if FIGURES_BLOCK.search(text) else text)
-    return True
+    def grade_checks(ids):  # the grade already taken serves the measured figures; the derived ones grade again
+        return next(grades, None) or grade(course, lab, folder, hardware=hw, compile_cache=cache, checks=ids)
+
+    _, _, measured = measure_report(lab.spec, folder / lab.spec.report, grade_checks)
+    blocked = {c.id for c in result.checks if c.status == "blocked"}  # owed to other hardware: not missing
+    checks = {f.name: f.check for f in lab.spec.report.figures}
+    return all(checks[name] in blocked for name in measured.left)
 
 
 if __name__ == "__main__":

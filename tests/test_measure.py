@@ -67,3 +67,35 @@ def test_the_command_grades_the_measuring_checks_and_shows_the_diff(tmp_path, mo
     assert asked == [{"checks": measuring_checks(WEEK13)}]
     assert "+zero1_comm_share: 0.812346" in out.output
     assert "zero1_comm_share: 0.812346\n" in (ws.root / "week13" / "report.md").read_text()
+
+
+def test_derived_figures_are_written_from_the_rewritten_block(tmp_path):
+    """Week 12's efficiencies are T1 / T2 of the block's own step times: measure writes the timings first, then
+    grades figures-follow again on the rewritten block, so the derived figures follow the new timings."""
+    from infracourse.grading.measure import derived_checks, measure_report
+
+    week12 = Course(REPO).lab("week12").spec
+    assert derived_checks(week12) == ["figures-follow"]
+    report = tmp_path / "report.md"
+    report.write_text("```yaml figures\nstep_ms: 9\nt1_weak_ms: 3\nweak_efficiency: 0.3333\n```\n")
+    calls = []
+
+    def grade_checks(ids):
+        calls.append((list(ids), report.read_text()))
+        if ids == ["figures-follow"]:  # what the check computes from the block it reads now
+            block = dict(line.split(": ") for line in report.read_text().splitlines() if ": " in line)
+            figures = {"weak_efficiency from the relation": {"value": float(block["t1_weak_ms"])
+                                                                  / float(block["step_ms"])}}
+            checks = [CheckResult(id="figures-follow", title="t", kind="correctness", needs="cpu",
+                                  status="passed", figures=figures)]
+        else:
+            figures = {"step ms": {"value": 4.0}, "world 1 weak step ms": {"value": 3.0}}
+            checks = [CheckResult(id=i, title="t", kind="correctness", needs="cpu", status="passed",
+                                  figures=figures if i == "scaling-measured" else {}) for i in ids]
+        return GradeResult(week="week12", tier="cpu", device="cpu", fingerprint="f", started_at="t", seconds=1.0,
+                           checks=checks, partial=True)
+
+    old, new, measured = measure_report(week12, report, grade_checks)
+    assert calls[1][0] == ["figures-follow"] and "step_ms: 4" in calls[1][1]  # graded on the rewritten block
+    assert "weak_efficiency: 0.75\n" in new and report.read_text() == new and old.startswith("```yaml figures\nstep_ms: 9")
+    assert measured.figures["weak_efficiency"] == 0.75

@@ -471,7 +471,7 @@ def run(week: Optional[str] = WeekArg,
 def measure(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOpt):
     """Measure the figures your report states as the grader does, on this machine and your code, and write them
     into report.md's figures block (the diff is shown). The grade it takes is not recorded."""
-    from infracourse.grading.measure import diff, figures_of_grade, measuring_checks, write_figures
+    from infracourse.grading.measure import diff, measure_report, measuring_checks
     from infracourse.failures import LabCheckFailed  # why: start-up: loaded on use, not when the CLI starts
 
     ws, course = _context(workspace)
@@ -483,13 +483,10 @@ def measure(week: Optional[str] = WeekArg, workspace: Optional[Path] = Workspace
     path = _week_folder(ws, w) / spec.report.file
     if not path.exists():
         _fail(f"{path} is missing: `infracourse reset {w.id}` restores the template (backing up your files)")
-    measured = figures_of_grade(spec, _grade(ws, course, w, checks=checks))
-    old = path.read_text(encoding="utf-8")
     try:
-        new = write_figures(old, measured.figures, path.name)
+        old, new, measured = measure_report(spec, path, lambda ids: _grade(ws, course, w, checks=ids))
     except LabCheckFailed as exc:
         _fail(str(exc))
-    path.write_text(new, encoding="utf-8")
     console.print(escape(diff(old, new, path.name)) or escape(f"{path.name}: its figures already are this machine's"),
                   soft_wrap=True)
     for name, why in measured.left.items():

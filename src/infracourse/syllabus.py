@@ -238,6 +238,10 @@ class ReportFigure(_Strict):
     busy_moves: Literal["up", "down"] = Field(
         default="up", description="Which way a busier machine moves the grader's figure: 'up' for a time or a "
         "cost, 'down' for a rate (tokens or requests per second, goodput); `busy` widens that side only.")
+    derived: bool = Field(
+        default=False, description="Its check computes it from the block's other figures (a relation such as "
+        "T1 / T2), not from a run: `infracourse measure` writes it after those, from that check graded again on "
+        "the rewritten block.")
 
     @model_validator(mode="after")
     def _source(self) -> "ReportFigure":

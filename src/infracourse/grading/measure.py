@@ -6,13 +6,16 @@ off by whatever differs between the two. So `measure` grades the checks that mea
 grade: they and what they require) and writes what they recorded into the report's ```yaml figures block,
 line by line: other lines and everything outside the block stay as written. A figure the lab computes from
 its fixed configuration (`expected`) is the learner's to work out and is never written; one whose check did
-not pass, or is blocked here, is left as it was and said why.
+not pass, or is blocked here, is left as it was and said why. A figure `derived` from the block's others (week
+12's efficiencies: T1 / T2 of the block's own step times) is written last, from its check graded again on the
+block the first grade rewrote: taken from the first grade, it would follow the old timings.
 """
 from __future__ import annotations
 
 import difflib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from infracourse.grading.report_check import FIGURES_BLOCK
 from infracourse.grading.results import GradeResult
@@ -32,11 +35,42 @@ def measuring_checks(spec: Lab) -> list[str]:
     return [c.id for c in spec.checks if c.id in named]
 
 
-def figures_of_grade(spec: Lab, result: GradeResult) -> Measured:
-    """What the grade's checks recorded for each report figure a check measures."""
+def derived_checks(spec: Lab) -> list[str]:
+    """The checks that compute report figures from the block's other figures (graded again after writing)."""
+    named = {f.check for f in spec.report.figures if f.check and f.derived} if spec.report else set()
+    return [c.id for c in spec.checks if c.id in named]
+
+
+def measure_report(spec: Lab, path: Path, grade_checks) -> tuple[str, str, Measured]:
+    """Rewrite the report at `path` from grades of the checks that measure its figures (`grade_checks(ids)`
+    grades those checks of the folder and returns the GradeResult): the measured figures first, then the
+    derived ones, from their checks graded on the rewritten file. Returns (old text, new text, what was
+    measured); the file is left as it was when a grade or the block fails."""
+    old = path.read_text(encoding="utf-8")
+    measured = figures_of_grade(spec, grade_checks(measuring_checks(spec)), derived=False)
+    new = write_figures(old, measured.figures, path.name)
+    if derived := derived_checks(spec):
+        path.write_text(new, encoding="utf-8")
+        try:
+            then = figures_of_grade(spec, grade_checks(derived), derived=True)
+            new = write_figures(new, then.figures, path.name)
+        except BaseException:
+            path.write_text(old, encoding="utf-8")
+            raise
+        measured.figures.update(then.figures)
+        measured.left.update(then.left)
+    path.write_text(new, encoding="utf-8")
+    return old, new, measured
+
+
+def figures_of_grade(spec: Lab, result: GradeResult, derived: bool | None = None) -> Measured:
+    """What the grade's checks recorded for each report figure a check measures (only the `derived` ones, or
+    only the others, when it is given)."""
     checks = {c.id: c for c in result.checks}
     measured = Measured()
     for figure in spec.report.figures:
+        if derived is not None and figure.derived != derived:
+            continue
         check = checks.get(figure.check) if figure.check else None
         if check is None:
             continue
