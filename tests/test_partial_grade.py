@@ -54,7 +54,9 @@ def test_a_check_brings_what_it_requires_and_a_report_the_checks_its_figures_nam
 def test_a_check_this_machine_blocks_brings_nothing():
     """Blocked whatever its requires say, and a report does not compare its figures: on a CPU, week 7's report
     grades itself and its two (blocked) bandwidths, not the kernels' correctness checks."""
-    on_cpu = lambda check: check.needs != "cpu"  # noqa: E731
+    def on_cpu(check):
+        return check.needs != "cpu"
+
     assert with_prerequisites(WEEK07, ["add-bandwidth"], blocked=on_cpu) == ["add-bandwidth"]
     assert with_prerequisites(WEEK07, ["report"], blocked=on_cpu) == ["add-bandwidth", "reduce-bandwidth", "report"]
     assert with_prerequisites(WEEK07, ["add-correct"], blocked=on_cpu) == ["add-correct"]
