@@ -116,3 +116,17 @@ def test_release_refuses_a_used_or_nested_folder(course_copy, tmp_path):
         release(course_copy, tmp_path / "used")
     with pytest.raises(ReleaseError, match="inside the course folder"):
         release(course_copy, course_copy / "release")
+
+
+def test_a_solution_line_is_found_wherever_a_text_holds_it():
+    """The one-pass search (lines looked up by their first 32 characters) finds what `line in text` finds: a line
+    inside a longer one, two lines that share their first 32 characters, a line that ends the text; none else."""
+    from infracourse.cohort.release import _by_prefix, _quoted
+
+    short = "out = tl.load(x_ptr + offsets, mask=offsets < n)"
+    longer = short + ".to(tl.float32)"  # the same first 32 characters
+    other = "partial = tl.sum(values, axis=0) * scale_of_block"
+    absent = "tl.store(out_ptr + offsets, result, mask=offsets < n)"
+    lines = [short, longer, other, absent]
+    for text in (f"    y = {longer}  # inline", f"header\n{other}", f"{short[:-1]}\n{other[1:]}", other, ""):
+        assert _quoted(text, _by_prefix(lines)) == {line for line in lines if line in text}, text

@@ -51,6 +51,17 @@ def test_a_check_brings_what_it_requires_and_a_report_the_checks_its_figures_nam
     assert set(with_prerequisites(WEEK07, ["report"])) < {c.id for c in WEEK07.checks}
 
 
+def test_a_check_this_machine_blocks_brings_nothing():
+    """Blocked whatever its requires say, and a report does not compare its figures: on a CPU, week 7's report
+    grades itself and its two (blocked) bandwidths, not the kernels' correctness checks."""
+    def on_cpu(check):
+        return check.needs != "cpu"
+
+    assert with_prerequisites(WEEK07, ["add-bandwidth"], blocked=on_cpu) == ["add-bandwidth"]
+    assert with_prerequisites(WEEK07, ["report"], blocked=on_cpu) == ["add-bandwidth", "reduce-bandwidth", "report"]
+    assert with_prerequisites(WEEK07, ["add-correct"], blocked=on_cpu) == ["add-correct"]
+
+
 def test_a_track_projects_report_brings_the_whole_week():
     """Its to_be_verified list must name exactly the checks blocked here: it reads every check's status."""
     project = Course(REPO).lab("week24", track="nvidia").spec

@@ -135,6 +135,8 @@ def test_honest_solution_in_another_style_passes(course, machine, tmp_path, styl
 
 
 def _grade_with_traces(course, machine, folder, change):
+    """The solution with its traces changed, graded on profile-traces (and step-correct, which it requires): no
+    other check reads the traces, so the rest of the week would grade the solution's own files again."""
     from infracourse.grading.report import stamp_environment
     from infracourse.grading.runner import grade
 
@@ -142,9 +144,10 @@ def _grade_with_traces(course, machine, folder, change):
     shutil.copytree(lab.solution, folder)
     change(folder)
     stamp_environment(folder / lab.spec.report, machine)
-    return {c.id: c for c in grade(course, "week06", folder, hardware=machine).checks}
+    return {c.id: c for c in grade(course, "week06", folder, hardware=machine, checks=["profile-traces"]).checks}
 
 
+@pytest.mark.variant
 def test_traces_of_another_step_fail(course, machine, tmp_path):
     """class 1: traces recorded from the provided slow step, not the learner's, fail profile-traces."""
     def stale(folder):
@@ -160,6 +163,7 @@ def test_traces_of_another_step_fail(course, machine, tmp_path):
     assert "does not record one step of your current train_step" in checks["profile-traces"].message
 
 
+@pytest.mark.variant
 def test_trace_of_the_wrong_precision_fails(course, machine, tmp_path):
     def relabel(folder):
         shutil.copy(folder / "traces" / "step-T128-fp32.json.gz", folder / "traces" / "step-T128-bf16.json.gz")

@@ -370,6 +370,7 @@ def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = 
     # why: start-up: loaded on use, not when the CLI starts
     from infracourse.grading.runner import grade as run_grade
     from infracourse.grading.selection import SelectionError, named_checks, with_prerequisites
+    from infracourse.hardware import detect
 
     if week.planned:
         _fail(f"{week.id} ({week.title}) is planned: there is no lab to grade yet")
@@ -379,7 +380,9 @@ def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = 
         named = named_checks(lab.spec, checks or (), pattern)
     except SelectionError as exc:
         _fail(str(exc))
-    total = len(lab.spec.checks) if named is None else len(with_prerequisites(lab.spec, named))
+    hardware = detect()
+    total = len(lab.spec.checks) if named is None else \
+        len(with_prerequisites(lab.spec, named, blocked=lambda c: hardware.missing(c.needs)))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
@@ -394,7 +397,8 @@ def _grade(ws, course, week, quiet: bool = False, checks: Optional[list[str]] = 
             else:
                 bar.advance(task)
 
-        return run_grade(course, lab, folder, on_event=on_event, compile_cache=ws.compile_cache(week), checks=named)
+        return run_grade(course, lab, folder, hardware=hardware, on_event=on_event,
+                         compile_cache=ws.compile_cache(week), checks=named)
 
 
 @_command()

@@ -52,6 +52,11 @@ class Secrets:
 
     hashes: dict[str, str]  # sha256 -> the solution file with those bytes
     lines: dict[str, str]  # stripped line -> the solution file it comes from
+    # the lines by their first MIN_LINE characters, for _quoted (every line has at least that many)
+    by_prefix: dict[str, list[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_prefix", _by_prefix(self.lines))
 
 
 def release(course_root: Path, out_dir: Path) -> ReleaseReport:
@@ -84,7 +89,7 @@ def release(course_root: Path, out_dir: Path) -> ReleaseReport:
         "format_version": 1, "kind": "infracourse-learner-release", "infracourse_version": __version__,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source_commit": _head(root),
         "removed": removed}, indent=1) + "\n")
-    problems = check_release(part, root)
+    problems = check_release(part, root, secrets)
     if problems:
         shutil.rmtree(part, ignore_errors=True)
         raise ReleaseError("the learner copy still holds solutions:\n  " + "\n  ".join(problems))
@@ -94,13 +99,14 @@ def release(course_root: Path, out_dir: Path) -> ReleaseReport:
     return ReleaseReport(out=out, files=len(shipped) - len(removed) + 1, removed=removed)
 
 
-def check_release(release_dir: Path, course_root: Path) -> list[str]:
-    """Problems that make `release_dir` unfit for learners (empty when it holds no solution)."""
+def check_release(release_dir: Path, course_root: Path, secrets: Secrets | None = None) -> list[str]:
+    """Problems that make `release_dir` unfit for learners (empty when it holds no solution). `secrets`: the
+    course's, when the caller has just found them (release); else found here."""
     release_dir = Path(release_dir)
     problems = [] if (release_dir / MARKER).is_file() else [f"{release_dir}: no {MARKER}"]
     problems += [f"{p}: a reference solution folder" for p in sorted(release_dir.glob("labs/*/solution"))]
     root = Path(course_root).resolve()
-    secrets = find_secrets(root, _repository_files(root))
+    secrets = secrets if secrets is not None else find_secrets(root, _repository_files(root))
     for path in sorted(p for p in release_dir.rglob("*") if p.is_file()):
         reason, evidence = _leak(path.read_bytes(), secrets)
         if reason:
@@ -124,7 +130,8 @@ def find_secrets(root: Path, shipped: list[str]) -> Secrets:
                 lines.setdefault(line, rel)
     public = "\n".join(_text(root / rel) for rel in shipped
                        if rel.startswith(COURSE_MATERIAL) and not _is_solution_path(rel))
-    return Secrets(hashes, {line: rel for line, rel in lines.items() if line not in public})
+    shown = _quoted(public, _by_prefix(lines))
+    return Secrets(hashes, {line: rel for line, rel in lines.items() if line not in shown})
 
 
 def _leak(data: bytes, secrets: Secrets) -> tuple[str, str]:
@@ -132,11 +139,34 @@ def _leak(data: bytes, secrets: Secrets) -> tuple[str, str]:
     same = secrets.hashes.get(hashlib.sha256(data).hexdigest())
     if same:
         return f"the same bytes as {same}", ""
-    text = _text_of(data)
-    for line, source in secrets.lines.items():
-        if line in text:
+    quoted = _quoted(_text_of(data), secrets.by_prefix)
+    for line, source in secrets.lines.items():  # the first in the secrets' order, as `line in text` for each
+        if line in quoted:
             return f"quotes {source}", f": {line[:80]!r}"
     return "", ""
+
+
+def _by_prefix(lines) -> dict[str, list[str]]:
+    """`lines` (each MIN_LINE characters or more, as _lines keeps them) by their first MIN_LINE characters."""
+    index: dict[str, list[str]] = {}
+    for line in lines:
+        index.setdefault(line[:MIN_LINE], []).append(line)
+    return index
+
+
+def _quoted(text: str, by_prefix: dict[str, list[str]]) -> set[str]:
+    """The lines of `by_prefix` that `text` contains anywhere (as `line in text`), found in one pass over the text:
+    only a line whose first MIN_LINE characters start at a position is compared there. (Each line searched for in
+    the whole text took a release 80 s: 6000 solution lines against 5 MB of course files.)"""
+    found: set[str] = set()
+    if not by_prefix:
+        return found
+    get = by_prefix.get
+    for i in range(len(text) - MIN_LINE + 1):
+        bucket = get(text[i:i + MIN_LINE])
+        if bucket:
+            found.update(line for line in bucket if text.startswith(line, i))
+    return found
 
 
 def _text(path: Path) -> str:

@@ -76,10 +76,10 @@ def grade(course: Course, week_ref: str | int | LabDir, files_dir: Path, *, hard
     most of a cold grade compiling); without it every grade compiles afresh. `checks`: grade only these check
     ids and what they need (grading.selection); the result is then partial and never completes the week."""
     lab = week_ref if isinstance(week_ref, LabDir) else course.lab(week_ref)
-    graded = lab.spec.checks if checks is None else \
-        [lab.spec.check(i) for i in with_prerequisites(lab.spec, checks)]
-    only = None if len(graded) == len(lab.spec.checks) else {c.id for c in graded}
     hardware = hardware or detect()
+    graded = lab.spec.checks if checks is None else \
+        [lab.spec.check(i) for i in with_prerequisites(lab.spec, checks, blocked=lambda c: hardware.missing(c.needs))]
+    only = None if len(graded) == len(lab.spec.checks) else {c.id for c in graded}
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
     settled: dict[str, CheckResult] = {}
@@ -129,8 +129,10 @@ def _withhold_unearned_credit(graded, settled: dict[str, CheckResult]) -> None:
     """A check with `requires` keeps a pass only if every check it requires passed in this grade."""
     for check in graded:
         result = settled[check.id]
+        if result.status in ("blocked", "error"):
+            continue  # kept as it is (a blocked check's requires are not graded in a partial grade: selection)
         unmet = [r for r in check.requires if settled[r].status != "passed"]
-        if unmet and result.status not in ("blocked", "error"):
+        if unmet:
             states = ", ".join(f"{r}: {settled[r].status}" for r in unmet)
             message = result.message if result.status == "failed" and result.message.startswith("no credit") else \
                 f"no credit yet: {', '.join(unmet)} must pass in the same run first ({states})"

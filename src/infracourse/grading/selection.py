@@ -7,12 +7,14 @@ What a named check needs comes with it, so its verdict is the one a whole grade 
   figure with what that check measured in the same grade, and reads no other check's result;
 - for a track project's report, the whole week: its to_be_verified list must name exactly the checks blocked
   here, so it reads every other check's status.
+A check this machine blocks (its `needs` are missing) brings nothing: it is `blocked` whatever its requires say
+(the runner never withholds a blocked check's status), and a report does not compare its figures.
 `-k` takes pytest's -k expressions over check ids (`-k add`, `-k "reduce and not bandwidth"`): a word matches
 an id that contains it, case-insensitively.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from _pytest.mark.expression import Expression
 
@@ -50,8 +52,9 @@ def named_checks(spec: Lab, ids: Iterable[str] = (), pattern: str | None = None)
     return [i for i in known if i in chosen]
 
 
-def with_prerequisites(spec: Lab, ids: Iterable[str]) -> list[str]:
-    """`ids` and every check they need for a whole-grade verdict (module docstring), in lab.yaml's order."""
+def with_prerequisites(spec: Lab, ids: Iterable[str], blocked: Callable | None = None) -> list[str]:
+    """`ids` and every check they need for a whole-grade verdict (module docstring), in lab.yaml's order.
+    `blocked(check)`: whether this machine blocks it; such a check needs nothing else graded."""
     needed: set[str] = set()
     todo = list(ids)
     while todo:
@@ -59,6 +62,8 @@ def with_prerequisites(spec: Lab, ids: Iterable[str]) -> list[str]:
         if check.id in needed:
             continue
         needed.add(check.id)
+        if blocked is not None and blocked(check):
+            continue
         if check.kind == "report":
             if is_project(spec):
                 return [c.id for c in spec.checks]
