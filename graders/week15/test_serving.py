@@ -22,8 +22,8 @@ from infracourse.grader import LabCheckFailed, LearnerRaised, in_worker, timed
 from infracourse.kit import llama_serving
 from infracourse.kit.hf_checkpoint import LlamaConfig
 from infracourse.kit.llama import checkpoint_model
-from infracourse.kit.llama_serving import GenerateCall, prompt_batches, roofline, weight_bytes
-from week15_judging import GPU_CHECKPOINT, SMALL_CHECKPOINT, check_device_memory, greedy_mismatch
+from infracourse.kit.llama_serving import GenerateCall, greedy_mismatch, prompt_batches, roofline, weight_bytes
+from week15_judging import GPU_CHECKPOINT, SMALL_CHECKPOINT, check_device_memory
 
 # (batch, prompt length) pairs: on a CPU an L of three (two lengths at batch 1, two batches at the short length:
 # each timing costs the harness ~0.9 s of fixed work here), on a GPU the full grid

@@ -19,7 +19,7 @@ import torch
 from infracourse.grader import LabCheckFailed, LearnerRaised, in_worker, timed
 from infracourse.kit import llama_serving
 from infracourse.kit.llama import checkpoint_model
-from infracourse.kit.llama_serving import prompt_batches, weight_bytes
+from infracourse.kit.llama_serving import greedy_mismatch, prompt_batches, weight_bytes
 from infracourse.kit.quant_serving import (LlamaGenerate, held_bytes, held_tensors, layer_linears, quantized_llama,
                                            reference_int8_llama)
 from week18_judging import require
@@ -36,25 +36,6 @@ GPU_FACTOR = 1.8  # bf16 -> int8 + one scale per row: about 2x
 @pytest.fixture(scope="module")
 def quant(learner):
     return learner.module("quant")
-
-
-def greedy_problem(model, prompts: torch.Tensor, tokens, n: int, tol: float) -> str | None:
-    """None when `tokens` are a greedy continuation of `prompts` under `model` (each within `tol` of the best
-    logit: near-ties may go either way), else what is wrong."""
-    B, T = prompts.shape
-    if not (isinstance(tokens, list) and len(tokens) == B and all(
-            isinstance(r, list) and len(r) == n and all(type(t) is int for t in r) for r in tokens)):
-        return f"expected {B} list(s) of {n} token ids, got {str(tokens)[:120]}"
-    device = next(model.parameters()).device
-    ids = torch.cat([prompts, torch.tensor(tokens)[:, :-1]], dim=1).to(device)
-    with torch.no_grad():
-        logits = model(ids)[:, T - 1:].float()
-    chosen = logits.gather(-1, torch.tensor(tokens, device=device)[..., None])[..., 0]
-    short = logits.amax(-1) - chosen
-    if bool((short <= tol).all()):
-        return None
-    b, i = (int(x) for x in (short > tol).nonzero()[0])
-    return f"sequence {b}, new token {i}: {tokens[b][i]}, greedy gives {int(logits[b, i].argmax())}"
 
 
 def served_pair(quant, learner, sizes, seed, dtype, device):
@@ -75,7 +56,7 @@ def phase_times(learner, model, reference, plan, seed, label, what):
     times = {}
     for n in (1, plan["new"]):
         def check(out, args, n=n):
-            problem = greedy_problem(reference, args[0], out, n, plan["tol"])
+            problem = greedy_mismatch(reference, args[0], out, n, plan["tol"])
             if problem:
                 raise LabCheckFailed(f"{what}: a timed call of the {label} model: {problem}")
         call = learner.build(LlamaGenerate, model, n)
@@ -110,7 +91,7 @@ def test_int8_checkpoint_served_and_measured(quant, learner, seed, device, recor
             f"sharing {SMALL['kv_heads']} KV heads), fp32 and int8, batch {CPU_PLAN['batch']}, a "
             f"{CPU_PLAN['prompt']}-token prompt, {CPU_PLAN['new']} new tokens")
     prompts = prompt_batches(SMALL["vocab"], 2, CPU_PLAN["prompt"], seed=seed - 1)(0)[0]
-    problem = greedy_problem(ref, prompts, learner.build(LlamaGenerate, qremote, CPU_PLAN["new"])(prompts),
+    problem = greedy_mismatch(ref, prompts, learner.build(LlamaGenerate, qremote, CPU_PLAN["new"])(prompts),
                              CPU_PLAN["new"], CPU_PLAN["tol"])
     require(problem is None, f"{what}: the int8 model's tokens are not the course's int8 model's ({problem}): "
             "Int8Linear must compute with its int8 weights times their per-row scales")

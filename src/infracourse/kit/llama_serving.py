@@ -184,6 +184,28 @@ def device_peak() -> dict:
     return {"max_allocated": torch.cuda.max_memory_allocated(), "allocated": torch.cuda.memory_allocated()}
 
 
+def greedy_mismatch(model, prompts: torch.Tensor, tokens, n: int, tol: float) -> str | None:
+    """Judge side: None when `tokens` (B lists of n ints) are a greedy continuation of `prompts` (B, T) under
+    `model`: one teacher-forced forward over prompt + tokens, each token's logit within `tol` of the best at the
+    position before it (a near-tie may go either way in bf16); otherwise what is wrong, for the message."""
+    B, T = prompts.shape
+    if not (isinstance(tokens, list) and len(tokens) == B and all(
+            isinstance(row, list) and len(row) == n and all(type(t) is int for t in row) for row in tokens)):
+        return f"generate must return {B} list(s) of {n} ints for a batch of {B}, got {str(tokens)[:120]}"
+    device = next(model.parameters()).device
+    ids = torch.cat([prompts, torch.tensor(tokens)[:, :-1]], dim=1).to(device)
+    with torch.no_grad():
+        logits = model(ids)[:, T - 1:].float()                           # (B, n, vocab)
+    chosen = logits.gather(-1, torch.tensor(tokens, device=device)[..., None])[..., 0]
+    short = logits.amax(-1) - chosen                                      # 0 where the greedy token was taken
+    if bool((short <= tol).all()):
+        return None
+    b, i = (int(x) for x in (short > tol).nonzero()[0])
+    best = int(logits[b, i].argmax())
+    return (f"sequence {b} of the batch: new token {i} is {tokens[b][i]}, greedy gives {best} (its logit is "
+            f"{short[b, i].item():.3g} below the best); tokens before it agree")
+
+
 def weight_bytes(model) -> int:
     """Bytes of the distinct storages of a model's parameters and buffers (a tied head counted once): the
     tensors themselves, whatever device or dtype they are held in."""
