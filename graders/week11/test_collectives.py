@@ -26,8 +26,10 @@ RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's
 # reference's shipped CSVs (2.92, 2.71) graded 3 at once on 2 cores came 1.12x-1.40x from the grade's (1.94-2.60); a
 # ring 3x off stays >= 2.1x off. 1.75 sits between the two (geometric middle)
 CONTROL_FACTOR = 2.5  # the control in turns with the ring against the same call timed before collectives.py was
-# imported (same launch, seconds apart): 0.76x-1.63x at load 4-7 on 2 cores; a patched ProcessGroup.allreduce
-# that makes the library look slow (and the ring, by ratio, fast) shows here
+# imported (same launch, seconds apart), fastest call per size, summed: a slower library call (a patched
+# ProcessGroup.allreduce below Python) raises every call, the fastest too. Means are compared within
+# CONTROL_MEAN_FACTOR only: at three grades at once beside other work they came 0.76x-2.63x apart
+CONTROL_MEAN_FACTOR = 4.0
 LIBRARY_FACTOR = 4.0  # sweep.csv's fastest library call against the grader's: the loose absolute sanity bound
 PRECISION_OR_OFFSETS = ("Whole elements wrong (or missing) point at block offsets for sizes not divisible by the "
                         "world; small errors on every element at lost precision: add in the tensor's own dtype and "
@@ -408,17 +410,19 @@ def _control_untouched(launch, record) -> None:
         sizes = [s for s in BANDWIDTH_BOUND if s in clean and s in in_turns]
         if not sizes:
             continue
-        before = sum(statistics.fmean(clean[s]) for s in sizes)
-        after = sum(statistics.fmean(in_turns[s]) for s in sizes)
+        fastest = sum(min(in_turns[s]) for s in sizes) / sum(min(clean[s]) for s in sizes)
+        mean = sum(statistics.fmean(in_turns[s]) for s in sizes) / sum(statistics.fmean(clean[s]) for s in sizes)
         if rank == 0:
-            record("control after / before import", after / before, target=CONTROL_FACTOR, unit="x")
-        if after / before > CONTROL_FACTOR:
-            raise LabCheckFailed(
-                f"dist.all_reduce took {after / before:.2f}x longer in turns with your ring_all_reduce (rank "
-                f"{rank}, 1-4 MiB: {after * 1e3:.2f} ms against {before * 1e3:.2f} ms for the same calls just "
-                f"before collectives.py was imported; allowed {CONTROL_FACTOR:g}x). Something your module does slows "
-                "the library's call, the control the grader reads your ring against: leave torch.distributed as it "
-                "is")
+            record("control after / before import, fastest calls", fastest, target=CONTROL_FACTOR, unit="x")
+            record("control after / before import, mean", mean, target=CONTROL_MEAN_FACTOR, unit="x")
+        for ratio, allowed, which in ((fastest, CONTROL_FACTOR, "its fastest calls"),
+                                      (mean, CONTROL_MEAN_FACTOR, "on average")):
+            if ratio > allowed:
+                raise LabCheckFailed(
+                    f"dist.all_reduce took {ratio:.2f}x longer ({which}, rank {rank}, 1-4 MiB) in turns with your "
+                    f"ring_all_reduce than the same calls just before collectives.py was imported (allowed "
+                    f"{allowed:g}x). Something your module does slows the library's call, the control the grader "
+                    "reads your ring against: leave torch.distributed as it is")
 
 
 @pytest.mark.check("cost-model")
