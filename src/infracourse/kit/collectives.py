@@ -208,23 +208,17 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
             answers = {}
             for impl in SWEEP_IMPLS:  # in turns, call by call: one load slows both
                 y = x.clone()
-                dist.barrier()
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                started = clock()
-                with dist_probes.scope(f"timed {impl} {nbytes}"):
-                    returned = learner.ring_all_reduce(y) if impl == "ring" else library(y)
-                if device == "cuda":
-                    torch.cuda.synchronize()
+                seconds, returned = _timed(learner.ring_all_reduce if impl == "ring" else library, y, clock, device,
+                                           scope=f"timed {impl} {nbytes}")
                 if rep >= warmup:
-                    samples[impl].append(clock() - started)
+                    samples[impl].append(seconds)
                 # the ring's result is what it returns (as in the correctness cases); the library's is y
                 answers[impl] = returned if impl == "ring" and isinstance(returned, torch.Tensor) else y
             replaced |= {name for name, fn in _control_path(dist).items() if fn is not untouched[name]}
             # what was timed is what is checked: the ring's answer on the timed tensor against the library's
             ring, want = answers["ring"], answers["library"]
             error = max(error, float((ring - want).abs().max()) if ring.shape == want.shape else math.inf)
-            scale = max(scale, float(answers["library"].abs().max()))
+            scale = max(scale, float(want.abs().max()))
         timings[int(nbytes)], control[int(nbytes)] = samples["ring"], samples["library"]
         timed_error[int(nbytes)] = {"max_abs_error": error, "max_abs": scale}
     return {"rank": rank, "world_size": world, "cases": results, "timings": timings, "control": control,
@@ -246,22 +240,27 @@ def _control_path(dist) -> dict:
     return path
 
 
-def _time_control(library, clock, nbytes: int, device: str, warmup: int, reps: int) -> list[float]:
-    """The library's all-reduce alone, timed as in the loop that follows (a barrier, then the clock)."""
+def _timed(call, y, clock, device: str, scope: str = "control before import"):
+    """(seconds, what `call(y)` returned): a barrier so every rank starts together, then this rank's clock around
+    the call (a GPU's queue drained on both sides of it), whose calls the probe counts under `scope`."""
     import torch
     import torch.distributed as dist
 
+    dist.barrier()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = clock()
+    with dist_probes.scope(scope):
+        returned = call(y)
+    if device == "cuda":
+        torch.cuda.synchronize()  # NCCL work is asynchronous: wait for it inside the clock
+    return clock() - started, returned
+
+
+def _time_control(library, clock, nbytes: int, device: str, warmup: int, reps: int) -> list[float]:
+    """The library's all-reduce alone, timed as in the loop that follows (`_timed`)."""
+    import torch
+
     x = torch.randn(nbytes // 4, device=device)
-    samples = []
-    for rep in range(warmup + reps):
-        y = x.clone()
-        dist.barrier()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        started = clock()
-        library(y)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if rep >= warmup:
-            samples.append(clock() - started)
-    return samples
+    return [seconds for rep in range(warmup + reps)
+            for seconds, _ in [_timed(library, x.clone(), clock, device)] if rep >= warmup]
