@@ -262,6 +262,61 @@ def test_forward_batch_ragged_chunked_and_recomputed_equals_greedy():
         forward_batch(model, pool, [Piece([1] * 5, 0, [0])])
 
 
+def test_forward_batch_serves_a_llama_checkpoint_as_its_own_cached_forward(tmp_path):
+    """A tiny Llama checkpoint (fp32, vocabulary 128) through the paged pool: prefills, a prompt in two chunks,
+    decodes and a recomputation, alone and mixed in one step, give each piece's last-token logits of kit.llama's
+    plain forward with its contiguous KVCache (RoPE at each token's own position, grouped KV heads); the pool
+    takes the model's dtype; the runner's memory figures say they are a CPU stand-in."""
+    from infracourse.kit.batching import KVPool, ModelRunner, Piece, ServeConfig, forward_batch, serve_model
+    from infracourse.kit.hf_checkpoint import make_and_describe
+
+    sizes = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 128, "intermediate": 96,
+             "max_positions": 128}
+    make_and_describe(tmp_path / "ckpt", sizes, dtype="fp32", seed=5)
+    cfg = ServeConfig(model=str(tmp_path / "ckpt"), num_blocks=40, block_size=4)
+    model = serve_model(cfg)
+    pool = KVPool(model.cfg, cfg.num_blocks, cfg.block_size)
+    prompts = seeded_prompts(4, 128, 3, 20, seed=2)
+    tables = [[30, 2, 17, 5, 9, 11, 23], [1, 0, 38, 7, 12, 13, 14], [39, 3, 4, 6, 8, 10, 15],
+              [16, 18, 19, 28, 29, 31, 32]]
+    caches = [model.new_cache(1, 40) for _ in prompts]
+    seqs = [list(p) for p in prompts]
+
+    def plain(i: int, tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([tokens]), caches[i])[0, -1]
+
+    def step(pieces: dict[int, Piece]) -> None:
+        got = forward_batch(model, pool, list(pieces.values()))
+        for row, (i, piece) in enumerate(pieces.items()):
+            want = plain(i, piece.tokens)
+            assert torch.allclose(got[row], want, atol=1e-4), (i, (got[row] - want).abs().max())
+            if piece.start + len(piece.tokens) == len(seqs[i]):
+                seqs[i].append(int(want.argmax()))
+
+    half = len(prompts[2]) // 2
+    step({2: Piece(prompts[2][:half], 0, tables[2])})                                 # a chunk alone
+    step({0: Piece(prompts[0], 0, tables[0]), 1: Piece(prompts[1], 0, tables[1]),   # prefills and a chunk
+          2: Piece(prompts[2][half:], half, tables[2])})
+    for n in range(4):
+        pieces = {i: Piece(seqs[i][-1:], len(seqs[i]) - 1, tables[i]) for i in range(3)}   # decodes ...
+        if n == 1:
+            pieces[3] = Piece(prompts[3], 0, tables[3])                                 # ... with a prefill
+        if n == 2:  # sequence 1 recomputed from position 0 in fresh blocks, beside decodes
+            caches[1], tables[1] = model.new_cache(1, 40), [20, 21, 22, 24, 25, 26, 27]
+            pieces[1] = Piece(list(seqs[1]), 0, tables[1])
+        if n >= 2:
+            pieces[3] = Piece(seqs[3][-1:], len(seqs[3]) - 1, tables[3])
+        step(pieces)
+    runner = ModelRunner(cfg)
+    assert runner.pool.k.dtype == next(runner.model.parameters()).dtype == torch.float32
+    assert runner.memory["source"] == "cpu-stand-in" and runner.memory["kv_pool_bytes"] == runner.pool.nbytes
+    assert runner.memory["kv_pool_bytes"] == runner.memory["kv_pool_formula"] == 2 * 2 * 2 * 16 * 40 * 4 * 4
+    with pytest.raises(ValueError, match="vocabulary 128"):
+        make_and_describe(tmp_path / "wide", {**sizes, "vocab": 256}, dtype="fp32")
+        serve_model(ServeConfig(model=str(tmp_path / "wide")))
+
+
 def test_serve_config_from_env_and_model_runner_floor():
     import time
 

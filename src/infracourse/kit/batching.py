@@ -21,9 +21,16 @@ Why a step floor: on a GPU a decode step reads every weight once, so it costs ab
 16; that is what makes batching pay. A tiny model on a CPU is the opposite (Python overhead per sequence). The
 runner therefore stands in for a device: a step lasts at least `step_floor_ms` (it sleeps the rest, leaving the
 CPU to the HTTP side), whatever the batch. `forward_batch(model, pool, pieces)` is the same step without it.
+
+The model on a device: `ServeConfig.model` names a folder holding a Llama-layout checkpoint (kit.hf_checkpoint,
+vocabulary 128), served in its own dtype (bf16 on a GPU) with a pool of that dtype, and no floor (step_floor_ms 0):
+the step then costs what the device takes to read the weights. ModelRunner's `memory` says where its figures
+come from: "device" (the CUDA allocator: the pool's bytes around its allocation, max_memory_allocated) or
+"cpu-stand-in" (host tensors' sizes), and `memory_report` names a file it writes them to.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,6 +40,8 @@ import torch
 
 from infracourse.kit.env_config import EnvConfig
 from infracourse.kit.gpt import GPT, GPTConfig
+from infracourse.kit.hf_checkpoint import LlamaConfig
+from infracourse.kit.llama import Llama
 from infracourse.kit.loadgen import request_matrix
 
 ENV = "INFRACOURSE_SERVE"
@@ -55,14 +64,25 @@ class ServeConfig(EnvConfig):
     step_floor_ms: float = 0.0          # the least time a step takes (ModelRunner): a device's weight-bound step
     device: str = "cpu"
     step_journal: str = ""              # a file ModelRunner appends each step's pieces to (the judge reads it)
+    model: str = ""                     # "": the tiny GPT (SERVE_GPT, from seed); else a Llama checkpoint's folder
+    memory_report: str = ""             # a file ModelRunner writes its memory figures to (JSON), as its peak grows
 
 
-def serve_model(cfg: ServeConfig | None = None) -> GPT:
+def serve_model(cfg: ServeConfig | None = None) -> GPT | Llama:
+    """The served model: the course's tiny GPT, or the checkpoint `cfg.model` names (in its stored dtype)."""
     cfg = cfg or ServeConfig()
-    return GPT(SERVE_GPT, seed=cfg.seed).to(cfg.device).eval()
+    if not cfg.model:
+        return GPT(SERVE_GPT, seed=cfg.seed).to(cfg.device).eval()
+    model = Llama.from_checkpoint(cfg.model, device=cfg.device)
+    if model.cfg.vocab != SERVE_GPT.vocab_size or model.cfg.max_positions < SERVE_GPT.seq_len:
+        raise ValueError(f"{cfg.model}: vocabulary {model.cfg.vocab} and {model.cfg.max_positions} positions; the "
+                         f"server's text is one character per token: vocabulary {SERVE_GPT.vocab_size} and at least "
+                         f"{SERVE_GPT.seq_len} positions")
+    return model
 
 
-def kv_pool_bytes(model_cfg: GPTConfig, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32) -> int:
+def kv_pool_bytes(model_cfg: GPTConfig | LlamaConfig, num_blocks: int, block_size: int,
+                  dtype: torch.dtype = torch.float32) -> int:
     """Bytes of the pool's K and V tensors: 2 x layers x KV heads x head_dim x slots x element size."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * model_cfg.n_layer * model_cfg.kv_heads * model_cfg.head_dim * num_blocks * block_size * elem
@@ -72,7 +92,7 @@ class KVPool:
     """K and V of every block: (n_layer, kv_heads, num_blocks * block_size, head_dim) each; a block is a run of
     block_size consecutive slots."""
 
-    def __init__(self, model_cfg: GPTConfig, num_blocks: int, block_size: int, *, dtype=torch.float32,
+    def __init__(self, model_cfg: GPTConfig | LlamaConfig, num_blocks: int, block_size: int, *, dtype=torch.float32,
                  device: str = "cpu"):
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (model_cfg.n_layer, model_cfg.kv_heads, num_blocks * block_size, model_cfg.head_dim)
@@ -96,16 +116,22 @@ class KVPool:
 
 
 class ModelRunner:
-    """The model, its KV pool and the step floor: what an engine calls once per step."""
+    """The model, its KV pool (in the model's dtype, on its device) and the step floor: what an engine calls
+    once per step."""
 
     def __init__(self, cfg: ServeConfig):
         self.model = serve_model(cfg)
-        self.pool = KVPool(SERVE_GPT, cfg.num_blocks, cfg.block_size, device=cfg.device)
+        dtype = next(self.model.parameters()).dtype
+        weights = _allocated(cfg.device)
+        self.pool = KVPool(self.model.cfg, cfg.num_blocks, cfg.block_size, dtype=dtype, device=cfg.device)
+        self.memory = pool_memory(self.pool, self.model.cfg, dtype, cfg.device, weights)
         self.floor_s = cfg.step_floor_ms / 1000.0
         self.steps = 0
         # one JSON line per step, [[start, tokens, block_table], ...] of its pieces: what the judge holds against
         # the scheduler's rules (the token budget, preemption, first come first served)
         self.journal = open(cfg.step_journal, "a", buffering=1) if cfg.step_journal else None
+        self.report = cfg.memory_report
+        self._write_memory()
 
     def step(self, pieces: list["Piece"]) -> torch.Tensor:
         """forward_batch over `pieces`, lasting at least the floor: (len(pieces), vocab) logits."""
@@ -115,10 +141,43 @@ class ModelRunner:
         if self.journal is not None:
             rows = [[int(p.start), [int(t) for t in p.tokens], [int(b) for b in p.block_table]] for p in pieces]
             self.journal.write(json.dumps(rows) + "\n")
+        if self.memory["source"] == "device" and torch.cuda.max_memory_allocated() > self.memory["max_allocated"]:
+            self.memory["max_allocated"] = torch.cuda.max_memory_allocated()  # the allocator's count: no sync
+            self._write_memory()
         rest = self.floor_s - (time.perf_counter() - started)
         if rest > 0:
             time.sleep(rest)
         return logits
+
+    def _write_memory(self) -> None:
+        if self.report:
+            with open(self.report, "w") as f:
+                json.dump(self.memory, f)
+
+
+def _allocated(device: str) -> int:
+    """Bytes the CUDA allocator holds for tensors now (0 on a CPU)."""
+    if torch.device(device).type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def pool_memory(pool: KVPool, model_cfg, dtype: torch.dtype, device: str, weights: int) -> dict:
+    """The pool's memory figures and where they come from. On CUDA the allocator's ("device"): the bytes it
+    gave the pool (memory_allocated after the pool less `weights`, what it held before), the model's bytes
+    and max_memory_allocated, which ModelRunner.step keeps up to date. On a CPU the pool's host tensors' sizes
+    stand in for device memory and say so ("cpu-stand-in")."""
+    formula = kv_pool_bytes(model_cfg, pool.num_blocks, pool.block_size, dtype)
+    figures = {"dtype": str(dtype).removeprefix("torch."), "kv_pool_formula": formula,
+               "num_blocks": pool.num_blocks, "block_size": pool.block_size}
+    if torch.device(device).type == "cuda":
+        held = _allocated(device)
+        return {"source": "device", "measure": "torch.cuda.memory_allocated around the pool's allocation",
+                "device": torch.cuda.get_device_name(device), "weights_bytes": weights,
+                "kv_pool_bytes": held - weights, "max_allocated": torch.cuda.max_memory_allocated(device), **figures}
+    return {"source": "cpu-stand-in", "measure": "sizes of the pool's tensors in host memory, standing in for "
+            "device memory", "device": "cpu", "kv_pool_bytes": pool.nbytes, **figures}
 
 
 @dataclass
@@ -130,53 +189,53 @@ class Piece:
 
 
 @torch.no_grad()
-def forward_batch(model: GPT, pool: KVPool, pieces: list[Piece]) -> torch.Tensor:
-    """One engine step over a ragged batch; returns (len(pieces), vocab) fp32 logits of each piece's last token."""
+def forward_batch(model: GPT | Llama, pool: KVPool, pieces: list[Piece]) -> torch.Tensor:
+    """One engine step over a ragged batch; returns (len(pieces), vocab) fp32 logits of each piece's last token.
+
+    Every piece attends in one call per layer: its queries and keys padded on the LEFT to the batch's longest
+    (B pieces, T = most new tokens, S = most keys), so that each piece's queries are the last of its keys, as
+    `attend` expects, and a RoPE model sees each query and key at its own distance (padding keys masked; the
+    rows of padding queries are dropped)."""
     if not pieces or any(not p.tokens for p in pieces):
         raise ValueError("forward_batch needs at least one piece, each with at least one token")
     device = pool.k.device
+    lengths = [len(p.tokens) for p in pieces]
+    ends = [p.start + n for p, n in zip(pieces, lengths)]                # piece i attends to positions < ends[i]
+    if max(ends) > model.cfg.seq_len:
+        raise ValueError(f"a position reaches {max(ends) - 1}, the model holds {model.cfg.seq_len}")
+    reads = [pool.slots(p.block_table, range(end)) for p, end in zip(pieces, ends)]
+    B, T, S = len(pieces), max(lengths), max(ends)
+    first = list(itertools.accumulate(lengths, initial=0))               # each piece's first row of the N tokens
     ids = torch.tensor([t for p in pieces for t in p.tokens], device=device)
-    positions = [range(p.start, p.start + len(p.tokens)) for p in pieces]
-    if max(r[-1] for r in positions) >= model.cfg.seq_len:
-        raise ValueError(f"a position reaches {max(r[-1] for r in positions)}, the model holds {model.cfg.seq_len}")
-    pos = torch.tensor([i for r in positions for i in r], device=device)
-    write = torch.tensor([s for p, r in zip(pieces, positions) for s in pool.slots(p.block_table, r)], device=device)
-    starts = torch.tensor([len(p.tokens) for p in pieces], device=device).cumsum(0) - torch.tensor(
-        [len(p.tokens) for p in pieces], device=device)                      # each piece's first row in the batch
-    # decode pieces (one new token each) attend together, their keys padded to the longest and masked; a piece
-    # of several tokens (a prefill or a chunk of one) attends on its own
-    decode = [i for i, p in enumerate(pieces) if len(p.tokens) == 1]
-    others = [i for i, p in enumerate(pieces) if len(p.tokens) > 1]
-    if decode:
-        lengths = [positions[i][-1] + 1 for i in decode]
-        longest = max(lengths)
-        gather = torch.zeros(len(decode), longest, dtype=torch.long, device=device)
-        for row, i in enumerate(decode):
-            gather[row, :lengths[row]] = torch.tensor(pool.slots(pieces[i].block_table, range(lengths[row])))
-        key_mask = torch.arange(longest, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
-        decode_rows = starts[decode]
-    reads = {i: torch.tensor(pool.slots(pieces[i].block_table, range(positions[i][-1] + 1)), device=device)
-             for i in others}
-    x = model.tok_emb(ids)[None] + model.pos_emb(pos)[None]                  # (1, N, C), N tokens of all pieces
+    pos = torch.tensor([i for p, end in zip(pieces, ends) for i in range(p.start, end)], device=device)
+    write = torch.tensor([s for r, n in zip(reads, lengths) for s in r[-n:]], device=device)
+    keys = torch.tensor([[0] * (S - end) + r for r, end in zip(reads, ends)], device=device)           # (B, S)
+    key_mask = torch.arange(S, device=device)[None] >= S - torch.tensor(ends, device=device)[:, None]
+    queries = torch.tensor([[0] * (T - n) + list(range(f, f + n)) for f, n in zip(first, lengths)],
+                           device=device)                                                               # (B, T)
+    real = torch.tensor([b * T + t for b, n in enumerate(lengths) for t in range(T - n, T)], device=device)
+    x = _embed(model, ids, pos)                                           # (1, N, C), N tokens of all pieces
     for layer, block in enumerate(model.blocks):
-        q, k, v = block.attn.qkv_heads(block.norm1(x))                       # q (1, H, N, hd), k v (1, KV, N, hd)
-        kc, vc = pool.k[layer], pool.v[layer]                                # (KV, slots, hd)
+        q, k, v = block.attn.qkv_heads(block.norm1(x))                   # q (1, H, N, hd), k v (1, KV, N, hd)
+        kc, vc = pool.k[layer], pool.v[layer]                            # (KV, slots, hd)
         kc[:, write] = k[0].to(kc.dtype)
         vc[:, write] = v[0].to(vc.dtype)
-        y = torch.empty(1, len(ids), x.shape[-1], dtype=x.dtype, device=device)
-        if decode:
-            K = kc[:, gather].transpose(0, 1).to(q.dtype)                    # (B, KV, S, hd)
-            V = vc[:, gather].transpose(0, 1).to(q.dtype)
-            qd = q[0, :, decode_rows].transpose(0, 1)[:, :, None]            # (B, H, 1, hd)
-            y[0, decode_rows] = block.attn.attend(qd, K, V, key_mask=key_mask)[:, 0]
-        for i in others:
-            T, s0 = len(pieces[i].tokens), int(starts[i])
-            K, V = kc[:, reads[i]][None].to(q.dtype), vc[:, reads[i]][None].to(q.dtype)   # (1, KV, S, hd)
-            y[:, s0:s0 + T] = block.attn.attend(q[:, :, s0:s0 + T], K, V)
-        x = x + y
+        K = kc[:, keys].transpose(0, 1).to(q.dtype)                      # (B, KV, S, hd)
+        V = vc[:, keys].transpose(0, 1).to(q.dtype)
+        Q = q[0][:, queries].transpose(0, 1)                             # (B, H, T, hd)
+        y = block.attn.attend(Q, K, V, key_mask=key_mask)                # (B, T, C)
+        x = x + y.reshape(B * T, -1)[real][None]                         # the real rows, in the pieces' order
         x = x + block.mlp(block.norm2(x))
-    last = torch.tensor([len(p.tokens) for p in pieces], device=device).cumsum(0) - 1
+    last = torch.tensor(first[1:], device=device) - 1
     return model.logits(x[:, last])[0].float()
+
+
+def _embed(model: GPT | Llama, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """(N,) token ids at positions `pos` -> (1, N, C): the GPT adds its learned position embeddings; a Llama's
+    positions act in attention (RoPE)."""
+    if isinstance(model, Llama):
+        return model.model.embed_tokens(ids)[None]
+    return model.tok_emb(ids)[None] + model.pos_emb(pos)[None]
 
 
 # The week 17 load point, shared by the judge and the learner's bench script ----------------------------------
