@@ -26,7 +26,9 @@ def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
 def test_starter_fails_and_says_what_to_do(grade_lab):
     result, checks = grade_lab("week17", source="starter", stamp=False)
     assert not result.complete
-    assert all(c.status == "failed" for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
+    # gpu-continuous-batching is blocked on a machine without CUDA; every other check fails
+    assert all(c.status == "failed" or (c.status == "blocked" and c.id == "gpu-continuous-batching")
+               for c in checks.values()), {c.id: (c.status, c.message) for c in checks.values()}
     for check in ("greedy-outputs", "blocks-freed", "disconnect-frees", "backpressure", "request-timeout",
                   "no-starvation"):
         assert "not written yet" in checks[check].message, (check, checks[check].message)
@@ -364,3 +366,103 @@ def test_the_judges_rerun_forgives_a_busy_machine_and_not_a_copied_cell(monkeypa
             check.compare_gain(1.0, gain, 3.0, record)
     finally:
         sys.modules.pop("test_matrix", None)  # a grader module, not one of this suite's
+
+
+def _judging(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week17"))
+    import week17_judging
+    return week17_judging
+
+
+def test_gpu_check_is_blocked_without_cuda_naming_the_hardware(grade_lab, machine):
+    """Graded alone on a machine without CUDA, gpu-continuous-batching is blocked (never failed or passed), and
+    the reason names the hardware it needs."""
+    if machine.gpu_count:
+        pytest.skip("this machine has a GPU: the check runs here")
+    _, checks = grade_lab("week17", checks=["gpu-continuous-batching"])
+    check = checks["gpu-continuous-batching"]
+    assert check.status == "blocked" and "cuda" in check.message.lower(), (check.status, check.message)
+
+
+GIB = 2**30
+FORMULA = 2 * 4 * 8 * 128 * 96 * 8 * 2    # 4 layers, 8 KV heads of 128, 96 blocks of 8, bf16
+WEIGHTS = int(1.75 * GIB)
+
+
+def _device_figures(**change) -> dict:
+    return {"source": "device", "kv_pool_bytes": FORMULA, "weights_bytes": WEIGHTS + 4096,
+            "max_allocated": WEIGHTS + FORMULA + 300 * 2**20, **change}
+
+
+@pytest.mark.parametrize("figures, delta, says", [
+    (_device_figures(), 3 * GIB, None),                                       # the device's own figures
+    (_device_figures(kv_pool_bytes=FORMULA + 1024), 3 * GIB, None),           # K and V rounded up to 512 bytes
+    (None, 3 * GIB, "wrote no memory figures"),                               # the runner's report never written
+    (_device_figures(source="cpu-stand-in"), 3 * GIB, "host memory"),         # host memory where device is asked
+    (_device_figures(kv_pool_bytes=2 * FORMULA), 3 * GIB, "not the model's dtype"),   # an fp32 pool
+    (_device_figures(weights_bytes=0, max_allocated=FORMULA), 3 * GIB, "not on the device"),
+    (_device_figures(), 100 * 2**20, "not the device's"),                     # the judge saw the device hold less
+    (_device_figures(kv_pool_bytes=float(FORMULA)), 3 * GIB, "byte counts"),
+])
+def test_gpu_memory_figures_must_be_the_devices(monkeypatch, figures, delta, says):
+    """week17_judging.check_device_memory, the GPU check's memory verdict, fed figures on a CPU: the runner's
+    allocator figures pass where they equal the formula at bf16 and the judge's reading of the device covers
+    them; figures of host memory, of another pool, or not seen on the device fail, saying which."""
+    judging = _judging(monkeypatch)
+    from infracourse.failures import WrongOutput
+    if says is None:
+        judging.check_device_memory(figures, formula=FORMULA, weights=WEIGHTS, device_delta=delta, what="w")
+        return
+    with pytest.raises(WrongOutput, match=says):
+        judging.check_device_memory(figures, formula=FORMULA, weights=WEIGHTS, device_delta=delta, what="w")
+
+
+def test_gpu_comparison_with_static_batching_and_the_runners_journal(monkeypatch):
+    """compare_with_static: the ratio at the threshold passes, under it fails, and a throughput bought with P99
+    TTFT worse than static's (beyond the slack) fails; tokens_through_runner: a server that streamed more tokens
+    than the runner's journal holds pieces computed them elsewhere."""
+    judging = _judging(monkeypatch)
+    from infracourse.kit.loadgen import RequestRecord
+    static = {"output_throughput": 1000.0, "ttft_ms": {"p99": 800.0}}
+    assert judging.compare_with_static({"output_throughput": 2000.0, "ttft_ms": {"p99": 300.0}}, static, 2.0) is None
+    assert "1.90x, at least 2x" in judging.compare_with_static(
+        {"output_throughput": 1900.0, "ttft_ms": {"p99": 300.0}}, static, 2.0)
+    assert "time to first token" in judging.compare_with_static(
+        {"output_throughput": 5000.0, "ttft_ms": {"p99": 1100.0}}, static, 2.0)
+    records = [RequestRecord(8, 0.0, [0.1, 0.2, 0.3], success=True), RequestRecord(8, 0.0, [0.1], success=True)]
+    steps = [[[0, [1, 2], [0]], [0, [3], [1]]], [[2, [9], [0]]], [[3, [9], [0]]]]      # 4 pieces, 4 tokens
+    assert judging.tokens_through_runner(steps, records) is None
+    assert "only 3 pieces" in judging.tokens_through_runner(steps[:2], records)
+
+
+def test_floored_figures_say_they_are_the_stand_in(monkeypatch):
+    """On a CPU every serving figure of greedy-outputs and throughput-vs-static is labelled the 12 ms floor's
+    stand-in (source cpu-stand-in); with no floor on a GPU the figures are the device's."""
+    import dataclasses
+    import importlib
+    import sys
+
+    from infracourse.grading.serving import Phase
+    from infracourse.kit import batching
+    judging = _judging(monkeypatch)
+    cpu = batching.bench_config("cpu")
+    assert judging.stand_in(cpu)["source"] == "cpu-stand-in" and "12 ms step floor" in judging.stand_in(cpu)["label"]
+    assert judging.stand_in(dataclasses.replace(cpu, device="cuda", step_floor_ms=0.0)) == {"source": "device"}
+    sys.modules.pop("test_outputs", None)
+    check = importlib.import_module("test_outputs")
+    try:
+        monkeypatch.setattr(check, "check_outputs", lambda *a: None)
+        percentiles = {"p50": 1.0, "p95": 2.0, "p99": 3.0}
+        metrics = {"ttft_ms": percentiles, "tpot_ms": percentiles, "e2el_ms": percentiles, "request_throughput": 9.0,
+                   "output_throughput": 90.0, "request_goodput": 8.0, "completed": 10, "failed": 0,
+                   "total_output": 100, "duration_s": 1.0}
+        from infracourse.kit.loadgen import RequestRecord
+        load = {"records": [RequestRecord(8, 0.0, [0.1], success=True)], "specs": [], "metrics": metrics, "rss_mb": 300.0, "device_mb": None,
+                "contention": 1.0}
+        served = type("Served", (), {"phases": {"load": Phase(data=load)}, "seed": 1, "cfg": cpu})
+        figures = {}
+        check.test_greedy_outputs(served, None, lambda name, value, **kw: figures.update({name: kw}))
+    finally:
+        sys.modules.pop("test_outputs", None)
+    serving = {name: kw for name, kw in figures.items() if name != "cpu contention (grader)"}
+    assert len(serving) >= 12 and all(kw.get("source") == "cpu-stand-in" for kw in serving.values()), figures

@@ -28,8 +28,11 @@ import pytest
 from infracourse.grader import serving
 from infracourse.kit import batching
 from infracourse.kit.threads import intra_op_threads
-from week17_judging import (JOURNAL, MATRIX_DIR, Served, keep_phase, matrix_seeds, phase_burst, phase_disconnect,
-                            phase_load, phase_matrix, phase_pressure, phase_starvation, phase_timeout)
+from infracourse.kit.hf_checkpoint import make_and_describe
+from infracourse.kit.llama import Llama
+from week17_judging import (GPU_CHECKPOINT, JOURNAL, LIVE_SERVERS, MATRIX_DIR, Served, keep_phase, matrix_seeds,
+                            phase_burst, phase_disconnect, phase_load, phase_matrix, phase_pressure, phase_starvation,
+                            phase_timeout)
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +42,11 @@ def learner_server(learner, device, tmp_path_factory):
     cfg = dataclasses.replace(batching.bench_config(device), step_journal=JOURNAL)
     with serving.serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=cfg.to_env(),
                        ready_timeout_s=60, device=device) as server:
-        yield server
+        LIVE_SERVERS.append(server)  # paused while gpu-continuous-batching times the device
+        try:
+            yield server
+        finally:
+            LIVE_SERVERS.remove(server)
 
 
 # the checks that read each phase: a partial grade runs only the phases its checks read (graded_checks). The
@@ -89,3 +96,17 @@ def static_server(device, tmp_path_factory):
     with serving.serve(empty, "infracourse.kit.static_server:app", scratch=tmp_path_factory.mktemp("srv-static"),
                        env=batching.bench_config(device).to_env(), ready_timeout_s=60, device=device) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def gpu_checkpoint(seed, tmp_path_factory):
+    """The GPU check's checkpoint (GPU_CHECKPOINT, bf16, from the grade's seed), written once per grade."""
+    folder = tmp_path_factory.mktemp("gpu-checkpoint") / "checkpoint"
+    make_and_describe(folder, GPU_CHECKPOINT, dtype="bf16", seed=seed % 10_000)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gpu_judge_model(gpu_checkpoint):
+    """The judge's copy of that checkpoint on the device, loaded before any server of the check starts."""
+    return Llama.from_checkpoint(gpu_checkpoint, device="cuda")

@@ -5,7 +5,7 @@ import pytest
 
 from infracourse.kit import batching
 from infracourse.kit.loadgen import serving_cost
-from week17_judging import check_outputs
+from week17_judging import check_outputs, stand_in
 
 
 @pytest.mark.check("greedy-outputs")
@@ -27,9 +27,10 @@ def test_greedy_outputs(served, judge_model, record):
                "goodput": m["request_goodput"], "failure rate": m["failed"] / len(records),
                "peak rss": load["rss_mb"], "usd per 1k requests": cost["usd_per_1k_requests"],
                "usd per 1m output tokens": cost["usd_per_1m_output_tokens"]}
-    if load["device_mb"] is not None:
-        figures["device memory"] = load["device_mb"]  # the server's GPU memory, as the driver reports it
-    # the report's latencies and rates come from the learner's own run: a busier grade moves these
-    figures["cpu contention (grader)"] = load["contention"]
+    labels = stand_in(served.cfg)  # on a CPU: every figure of the floor's stand-in says so
     for name, value in figures.items():
-        record(name, value)
+        record(name, value, **labels)
+    if load["device_mb"] is not None:  # the server's GPU memory, as the driver reports it
+        record("device memory", load["device_mb"], unit="MiB", source="device")
+    # the report's latencies and rates come from the learner's own run: a busier grade moves these
+    record("cpu contention (grader)", load["contention"])

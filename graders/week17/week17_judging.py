@@ -2,6 +2,8 @@
 conftest.py (which keeps the fixtures) import them by this week-unique name."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -15,7 +17,7 @@ import psutil
 
 import torch
 
-from infracourse.grader import LabCheckFailed, cpu_contention, serving
+from infracourse.grader import LabCheckFailed, WrongOutput, cpu_contention, serving
 from infracourse.kit import batching
 from infracourse.kit.load_matrix import LoadCell, load_matrix, run_cell
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
@@ -37,6 +39,16 @@ class Served:
     def failed(self, what: str) -> LabCheckFailed:
         """A failure whose message adds what the server's log says went wrong, if anything."""
         return LabCheckFailed(teach_from_log(self.log, what))
+
+
+def stand_in(cfg: batching.ServeConfig) -> dict:
+    """What a figure measured through a floored runner is, for `record`: the floor's stand-in, on a CPU labelled
+    source "cpu-stand-in" (the figures describe a device whose step costs the floor, not this machine)."""
+    if cfg.step_floor_ms <= 0:
+        return {"source": "device"} if cfg.device == "cuda" else {}
+    label = (f"{cfg.step_floor_ms:g} ms step floor: ModelRunner sleeps each step up to it, standing in for a "
+             "device whose step costs the same for 1 or 16 sequences")
+    return {"label": label, **({"source": "cpu-stand-in"} if cfg.device == "cpu" else {})}
 
 
 def teach(server: serving.Server, what: str) -> str:
@@ -469,3 +481,115 @@ def phase_matrix(server: serving.Server, seeds: dict[str, int]) -> dict:
         metrics[cell.name] = compute_metrics(records, duration, percentiles=PERCENTILES,
                                              goodput_slo_ms=batching.BENCH_SLO_MS)
     return {"metrics": metrics, "contention": cpu_contention()}
+
+
+# On the GPU (test_gpu_serving.py): a Llama checkpoint on the device, no step floor ------------------------------
+# 4 layers of a Llama-3-8B-shaped block (0.87 B parameters, 1.75 GB in bf16), vocabulary 128 so that the server's
+# one character per token still holds: a decode step reads every weight once, as a serving model's does, and the
+# checkpoint is written, copied and loaded in seconds
+GPU_CHECKPOINT = {"layers": 4, "hidden": 4096, "heads": 32, "kv_heads": 8, "vocab": 128, "intermediate": 14336,
+                  "max_positions": 128}
+MEMORY = "memory.json"     # ModelRunner's memory figures, in the server's working folder
+GPU_NEAR_TIE = 8e-2        # bf16: a token within this of the best logit counts as greedy (batched sums round apart)
+GPU_CHECKED = 8            # the load point's requests whose tokens the judge recomputes
+TTFT_SLACK = 1.25          # P99 TTFT may exceed static batching's by this factor
+LIVE_SERVERS: list[serving.Server] = []  # the grade's floor servers of the learner, paused while the GPU is timed
+
+
+def gpu_config(checkpoint: Path) -> batching.ServeConfig:
+    """The load point's limits with the judge's checkpoint on the device and no floor: the step costs what the
+    device takes."""
+    return dataclasses.replace(batching.bench_config("cuda"), step_floor_ms=0.0, model=str(checkpoint),
+                               memory_report=MEMORY, step_journal=JOURNAL)
+
+
+@contextlib.contextmanager
+def paused(servers: list[serving.Server]):
+    """Every process of `servers` stopped (SIGSTOP) for the block: nothing of the learner's but the server under
+    test may use the device while the judge times it or the baseline."""
+    procs = []
+    for server in servers:
+        try:
+            tree = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in tree:
+            try:
+                p.suspend()
+                procs.append(p)
+            except psutil.NoSuchProcess:
+                pass
+    try:
+        yield
+    finally:
+        for p in reversed(procs):
+            try:
+                p.resume()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def read_memory(folder: Path) -> dict | None:
+    try:
+        figures = json.loads((folder / MEMORY).read_text())
+    except (OSError, ValueError):
+        return None
+    return figures if isinstance(figures, dict) else None
+
+
+def check_device_memory(figures: dict | None, *, formula: int, weights: int, device_delta: int, what: str) -> None:
+    """The memory figures of the course's ModelRunner in the server's process (`figures`, its memory report)
+    against the judge's: `formula` = kv_pool_bytes at the model's dtype, `weights` the checkpoint's bytes,
+    `device_delta` the device memory the judge saw taken while the server was up (torch.cuda.mem_get_info).
+    A figure of host memory (source "cpu-stand-in": tensors in host memory) is not device memory and fails.
+    WrongOutput: a wrong figure is not a slow one, and is not measured again."""
+    if figures is None:
+        raise WrongOutput(f"{what}: the course's ModelRunner wrote no memory figures ({MEMORY}, memory_report): "
+                             "build the engine's runner with ModelRunner(ServeConfig.from_env()), unchanged")
+    if figures.get("source") != "device":
+        raise WrongOutput(f"{what}: the KV pool's figures come from {figures.get('source')!r}, not the device: the "
+                             "model and its pool are in host memory. Build the runner with the configuration the "
+                             "server was started with (device cuda): on a GPU the pool's bytes are the device "
+                             "allocator's (torch.cuda.memory_allocated), not sizes of host tensors")
+    numbers = {k: figures.get(k) for k in ("kv_pool_bytes", "weights_bytes", "max_allocated")}
+    if not all(type(v) is int for v in numbers.values()):
+        raise WrongOutput(f"{what}: the runner's memory figures are not the allocator's byte counts: {numbers}")
+    pool, peak = numbers["kv_pool_bytes"], numbers["max_allocated"]
+    if not formula <= pool <= formula + 2 * 512:  # K and V, each rounded up to 512 bytes by the allocator
+        raise WrongOutput(f"{what}: the device's allocator gave the KV pool {pool} bytes; kv_pool_bytes at the "
+                             f"model's dtype gives {formula}: the pool is not the model's dtype or not this pool")
+    if numbers["weights_bytes"] < weights or peak < weights + formula:
+        raise WrongOutput(f"{what}: the device held {numbers['weights_bytes']} bytes before the pool and at most "
+                             f"{peak}, less than the checkpoint's {weights} bytes of weights and the pool's "
+                             f"{formula}: the model is not on the device")
+    if device_delta < 0.9 * (weights + pool) - 64 * 2**20:
+        raise WrongOutput(f"{what}: the runner says the device holds {weights + pool} bytes of weights and pool, but "
+                             f"the device showed {device_delta} bytes more in use while the server was up "
+                             "(torch.cuda.mem_get_info, read by the judge): the figures are not the device's")
+
+
+def tokens_through_runner(steps: list, records) -> str | None:
+    """None when the runner's journal (`steps`, the load's) holds a piece for every token the records streamed:
+    each piece gives at most one token (its last position's), so fewer pieces than tokens means tokens computed
+    outside the course's ModelRunner.step; otherwise what is wrong."""
+    pieces = sum(len(step) for step in steps)
+    streamed = sum(len(r.chunk_times) for r in records if r.success)
+    if pieces < streamed:
+        return (f"your server streamed {streamed} tokens, but the course's ModelRunner computed only {pieces} pieces "
+                "(one token each at most): every token must come from runner.step(...)")
+    return None
+
+
+def compare_with_static(mine: dict, static: dict, need: float) -> str | None:
+    """None when the load point's output throughput through the learner's server is at least `need` x static
+    batching's at no worse P99 TTFT (TTFT_SLACK); otherwise what is wrong (kit.loadgen metrics, judge's clock)."""
+    ours, theirs = mine["output_throughput"], static["output_throughput"]
+    if mine["ttft_ms"]["p99"] > TTFT_SLACK * static["ttft_ms"]["p99"]:
+        return (f"P99 time to first token: yours {mine['ttft_ms']['p99']:.0f} ms, static batching's "
+                f"{static['ttft_ms']['p99']:.0f} ms: admit waiting requests into the running batch at every step")
+    if ours < need * theirs:
+        return (f"output throughput: yours {ours:.0f} tok/s, the course's static batching {theirs:.0f} tok/s on the same "
+                f"device: {ours / theirs:.2f}x, at least {need:g}x expected. Admit waiting requests at every step, "
+                "retire finished ones at once, keep up to max_num_seqs running, and keep Python work per step small: "
+                "with no floor, time your engine loop spends between steps is time the device idles")
+    return None
