@@ -62,16 +62,25 @@ def read_summary(folder) -> dict:
     return summary
 
 
+def limits(serve_config) -> dict | None:
+    """A ServeConfig's fields as JSON, without the model and memory report fields where empty (the tiny GPT, no
+    report): a matrix written before ServeConfig had them states the same limits."""
+    if not isinstance(serve_config, dict):
+        return None
+    return {k: v for k, v in json.loads(json.dumps(serve_config)).items()
+            if k not in ("model", "memory_report") or v != ""}
+
+
 def check_conditions(summary: dict, cfg: batching.ServeConfig, device: str) -> None:
     """The run-wide conditions: this device, the load point's limits, and the step floor said as the stand-in."""
     conditions = summary.get("conditions")
-    want = json.loads(json.dumps(vars(cfg)))
+    want = limits(vars(cfg))
     if not isinstance(conditions, dict) or conditions.get("device") != device:
         raise LabCheckFailed(f"{MATRIX_DIR}/{SUMMARY} must state the device the matrix ran on as conditions.device "
                              f"({device!r} here, the machine you grade on); it gives "
                              f"{(conditions or {}).get('device') if isinstance(conditions, dict) else conditions!r}. "
                              "Pass run_matrix(..., conditions={...}) as the handout shows, and run it here")
-    if conditions.get("serve_config") != want:
+    if limits(conditions.get("serve_config")) != want:
         raise LabCheckFailed(f"{MATRIX_DIR}/{SUMMARY}: conditions.serve_config must be the limits your server ran "
                              f"with, kit.batching.bench_config({device!r}): {want}; it gives "
                              f"{conditions.get('serve_config')!r:.300}")
