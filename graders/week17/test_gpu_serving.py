@@ -28,7 +28,7 @@ def run_server(app_dir: Path, app: str, checkpoint: Path, seed: int, who: str) -
     """Copy the checkpoint into a fresh working folder (the only one the sandbox shows the server), start `app`
     there with gpu_config, warm it up, run the load point on the judge's clock, read what the runner wrote and
     the device memory the server took (the judge's reading), and stop it."""
-    scratch = Path(tempfile.mkdtemp(prefix="ic17-gpu-", dir="/tmp"))  # short: the socket's path stays here
+    scratch = Path(tempfile.mkdtemp(prefix="ic17-gpu-", dir="/tmp")).resolve()  # short: the socket stays here
     try:
         shutil.copytree(checkpoint, scratch / "checkpoint")
         cfg = gpu_config(scratch / "checkpoint")
