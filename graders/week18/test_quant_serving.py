@@ -127,6 +127,19 @@ def serve_matrix(learner, model, reference, cells, seed, out_dir, tol, name, wha
     return {row["file"].removesuffix(".json"): row["metrics"] for row in rows}, server
 
 
+def cell_memory(server, weights: int, model, cells, device: str, name: str, what: str):
+    """cell -> bytes the model serves it with: its weights plus, on CUDA, the most the allocator held above them
+    during the cell's requests (the worker's StepServer.memory_peaks, by prompt and output length); on a CPU,
+    which has no such allocator, one request's KV cache by its size."""
+    if device != "cuda":
+        kv = model.cfg.kv_bytes_per_token(model.dtype)
+        return lambda c: weights + kv * (c.input_len + c.output_len)
+    peaks = {(i, o): peak for i, o, peak in server.memory_peaks()}
+    missing = [c.name for c in cells if not isinstance(peaks.get((c.input_len, c.output_len)), int)]
+    require(not missing, f"{what}: the serving process kept no allocator peak for the {name} model's cells {missing}")
+    return lambda c: weights + peaks[(c.input_len, c.output_len)]
+
+
 def record_matrix(record, cells, metrics: dict, memory: dict, base: str, source: str, what: str) -> None:
     """Per cell: the int8 / full-precision E2EL P50 ratio, then each model's latencies, output tok/s and memory."""
     tag = " (CPU stand-in)" if source == "cpu-stand-in" else ""
@@ -162,13 +175,11 @@ def test_int8_checkpoint_served_on_the_matrix(quant, learner, seed, device, reco
             f"{factor:.2f}x smaller, at least {lab_check.threshold:g}x expected. Counted are the tensors the model "
             "holds, wherever it holds them (a list, a dict, a kept nn.Linear), not only its state_dict: keep no fp32 "
             "copy of a weight once it is quantised")
-    metrics = {name: serve_matrix(learner, model, reference, CPU_MATRIX, seed, tmp_path / name, CPU_TOL, name,
-                                  what)[0]
-               for name, model, reference in (("fp32", remote, local), ("int8", qremote, ref))}
-    # no allocator on a CPU: the weights the judge counted plus one request's KV cache (fp32 in both models)
-    kv = local.cfg.kv_bytes_per_token(local.dtype)
-    memory = {"fp32": lambda c: full + kv * (c.input_len + c.output_len),
-              "int8": lambda c: held["bytes"] + kv * (c.input_len + c.output_len)}
+    metrics, memory = {}, {}
+    for name, model, reference, weights in (("fp32", remote, local, full), ("int8", qremote, ref, held["bytes"])):
+        metrics[name], server = serve_matrix(learner, model, reference, CPU_MATRIX, seed, tmp_path / name, CPU_TOL,
+                                             name, what)
+        memory[name] = cell_memory(server, weights, local, CPU_MATRIX, device, name, what)
     record_matrix(record, CPU_MATRIX, metrics, memory, "fp32", source, what)
 
 
@@ -208,9 +219,5 @@ def test_int8_checkpoint_on_the_device(quant, learner, seed, record, tmp_path):
     for name, model, reference, weights in (("bf16", remote, local, bf16_device), ("int8", qremote, ref, int8_device)):
         metrics[name], server = serve_matrix(learner, model, reference, GPU_MATRIX, seed, tmp_path / name, GPU_TOL,
                                              name, what)
-        peaks = {(i, o): peak for i, o, peak in server.memory_peaks()}
-        missing = [c.name for c in GPU_MATRIX if not isinstance(peaks.get((c.input_len, c.output_len)), int)]
-        require(not missing, f"{what}: the serving process kept no allocator peak for the {name} model's cells "
-                f"{missing}")
-        memory[name] = lambda c, weights=weights, peaks=peaks: weights + peaks[(c.input_len, c.output_len)]
+        memory[name] = cell_memory(server, weights, local, GPU_MATRIX, "cuda", name, what)
     record_matrix(record, GPU_MATRIX, metrics, memory, "bf16", "device", what)
