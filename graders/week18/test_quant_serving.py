@@ -11,10 +11,10 @@ recompute from the raw records (kit.load_matrix.check_matrix). Latency is record
 course's int8 reference dequantises every weight on each call, so its decode may well be slower than the
 full-precision model's; int8 buys memory here.
 
-quant-serving      any machine (fp32 checkpoint): the bytes the int8 model holds are counted by the judge from
-                   the tensors it keeps alive (parameters, buffers and tensors in plain attributes, fetched: not
-                   its state_dict's word); its layer Linears at least lab.yaml's factor smaller than fp32; the
-                   matrix's figures labelled a CPU stand-in.
+quant-serving      any machine (fp32 checkpoint): the bytes the int8 model holds once it has served are counted
+                   by the judge from the tensors it keeps alive (parameters, buffers and tensors in plain
+                   attributes, fetched: not its state_dict's word, and a copy cached by a call counts); its layer
+                   Linears at least lab.yaml's factor smaller than fp32; on a CPU the figures labelled a stand-in.
 gpu-quant-serving  needs cuda: the 1.0 B-parameter checkpoint in bf16 on the device; the int8 model's device
                    memory is what the device's allocator gave it (torch.cuda.memory_allocated in the serving
                    process, with the judge's reading of the device beside it), against the bf16 model's; each
@@ -162,24 +162,25 @@ def test_int8_checkpoint_served_on_the_matrix(quant, learner, seed, device, reco
     local, ref, remote, qremote = served_pair(quant, learner, SMALL, seed, "fp32", device)
     what = (f"seed {seed}: a {SMALL['layers']}-layer checkpoint (hidden {SMALL['hidden']}, {SMALL['heads']} heads "
             f"sharing {SMALL['kv_heads']} KV heads), fp32 and int8, one request at a time")
-    held, full, linear = judge_held(learner, qremote, local, what)
+    metrics, servers = {}, {}
+    for name, model, reference in (("fp32", remote, local), ("int8", qremote, ref)):
+        metrics[name], servers[name] = serve_matrix(learner, model, reference, CPU_MATRIX, seed, tmp_path / name,
+                                                    CPU_TOL, name, what)
+    held, full, linear = judge_held(learner, qremote, local, what)  # after serving: a cache built by a call counts
     rest = full - linear  # the embedding table, the norms and the LM head: kept in fp32
     factor = linear / max(held["bytes"] - rest, 1)
     record("fp32 model bytes held", full, unit="B", bytes=full)
     record("int8 model bytes held", held["bytes"], unit="B", bytes=held["bytes"],
-           label="every tensor the model keeps alive, counted by the judge")
+           label="every tensor the model keeps alive after serving, counted by the judge")
     record("layer Linear memory factor", factor, target=lab_check.threshold, unit="x")
     require(factor >= lab_check.threshold,
-            f"{what}: the int8 model keeps {held['bytes']} bytes of tensors alive; less the fp32 embedding, norms "
-            f"and head ({rest} bytes) its layer Linears take {held['bytes'] - rest} bytes against {linear} in fp32: "
-            f"{factor:.2f}x smaller, at least {lab_check.threshold:g}x expected. Counted are the tensors the model "
-            "holds, wherever it holds them (a list, a dict, a kept nn.Linear), not only its state_dict: keep no fp32 "
-            "copy of a weight once it is quantised")
-    metrics, memory = {}, {}
-    for name, model, reference, weights in (("fp32", remote, local, full), ("int8", qremote, ref, held["bytes"])):
-        metrics[name], server = serve_matrix(learner, model, reference, CPU_MATRIX, seed, tmp_path / name, CPU_TOL,
-                                             name, what)
-        memory[name] = cell_memory(server, weights, local, CPU_MATRIX, device, name, what)
+            f"{what}: after serving, the int8 model keeps {held['bytes']} bytes of tensors alive; less the fp32 "
+            f"embedding, norms and head ({rest} bytes) its layer Linears take {held['bytes'] - rest} bytes against "
+            f"{linear} in fp32: {factor:.2f}x smaller, at least {lab_check.threshold:g}x expected. Counted are the "
+            "tensors the model holds, wherever it holds them (a list, a dict, a kept nn.Linear, a copy made during a "
+            "call), not only its state_dict: keep no fp32 copy of a weight once it is quantised")
+    memory = {name: cell_memory(servers[name], weights, local, CPU_MATRIX, device, name, what)
+              for name, weights in (("fp32", full), ("int8", held["bytes"]))}
     record_matrix(record, CPU_MATRIX, metrics, memory, "fp32", source, what)
 
 
@@ -198,26 +199,28 @@ def test_int8_checkpoint_on_the_device(quant, learner, seed, record, tmp_path):
     after = learner.build(llama_serving.device_peak)["allocated"]
     free_after, _ = torch.cuda.mem_get_info()
     ref = reference_int8_llama(local)
-    held, full, linear = judge_held(learner, qremote, local, what)
     int8_device = after - before  # what the device's allocator gave the int8 copy
     bf16_device = weight_bytes(local)
+    metrics, servers = {}, {}
+    for name, model, reference in (("bf16", remote, local), ("int8", qremote, ref)):
+        metrics[name], servers[name] = serve_matrix(learner, model, reference, GPU_MATRIX, seed, tmp_path / name,
+                                                    GPU_TOL, name, what)
+    held, full, linear = judge_held(learner, qremote, local, what)  # after serving: a cache built by a call counts
     rest = full - linear
     record("bf16 model device bytes", bf16_device, unit="B", source="device")
     record("int8 model device bytes", int8_device, unit="B", source="device",
            label="torch.cuda.memory_allocated of the serving process, taken around the int8 copy")
+    factor = linear / max(held["bytes"] - rest, 1)
+    record("layer Linear memory factor against bf16", factor, target=GPU_FACTOR, unit="x")
+    require(factor >= GPU_FACTOR, f"{what}: after serving, the int8 layer Linears take {held['bytes'] - rest} bytes "
+            f"against {linear} in bf16: {factor:.2f}x, at least {GPU_FACTOR}x expected (one byte per weight + a scale "
+            "per row; a copy of a weight made during a call and kept counts too)")
     require(held["device_bytes"] >= 0.99 * held["bytes"],
             f"{what}: the int8 model holds {held['bytes'] - held['device_bytes']} bytes off the device: on a GPU the "
             "served model lives in device memory; host memory is no device figure")
     require(int8_device >= 0.99 * held["device_bytes"] and free_before - free_after >= 0.9 * int8_device - 64 * 2**20,
             f"{what}: the allocator says the int8 copy took {int8_device} bytes, the device shows "
             f"{free_before - free_after} more in use, its tensors hold {held['device_bytes']}: not the device's figures")
-    factor = linear / max(held["bytes"] - rest, 1)
-    record("layer Linear memory factor against bf16", factor, target=GPU_FACTOR, unit="x")
-    require(factor >= GPU_FACTOR, f"{what}: the int8 layer Linears take {held['bytes'] - rest} bytes against "
-            f"{linear} in bf16: {factor:.2f}x, at least {GPU_FACTOR}x expected (one byte per weight + a scale per row)")
-    metrics, memory = {}, {}
-    for name, model, reference, weights in (("bf16", remote, local, bf16_device), ("int8", qremote, ref, int8_device)):
-        metrics[name], server = serve_matrix(learner, model, reference, GPU_MATRIX, seed, tmp_path / name, GPU_TOL,
-                                             name, what)
-        memory[name] = cell_memory(server, weights, local, GPU_MATRIX, "cuda", name, what)
+    memory = {name: cell_memory(servers[name], weights, local, GPU_MATRIX, "cuda", name, what)
+              for name, weights in (("bf16", bf16_device), ("int8", int8_device))}
     record_matrix(record, GPU_MATRIX, metrics, memory, "bf16", "device", what)
