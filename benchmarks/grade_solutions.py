@@ -9,6 +9,8 @@
                                                                  # put the figures block it prints in the report
     python benchmarks/grade_solutions.py week12 --refresh-report # as a learner on this machine would: grade,
                                                                  # write the figures it measured, grade again
+    python benchmarks/grade_solutions.py week18 --check gpu-quant-serving   # a partial grade: that check and
+                                                                 # the checks it requires
 
 The raw data behind docs/gpu-results.md: each solution is copied to a scratch folder, its report stamped with
 this machine's environment, and graded by the same runner as `infracourse grade`.
@@ -34,6 +36,8 @@ def main() -> None:
     parser.add_argument("--with", dest="overlays", action="append", default=[], metavar="FILE=SOURCE",
                         help="grade the solution with FILE replaced by SOURCE (an honest variant from tests/)")
     parser.add_argument("--repeat", type=int, default=1, help="grade each lab this many times in a row")
+    parser.add_argument("--check", dest="checks", action="append", metavar="ID",
+                        help="a partial grade: only this check and the checks it requires (repeatable)")
     parser.add_argument("--track", help="the track whose project weeks 22-24 grade (curriculum/tracks/)")
     parser.add_argument("--run", help="a command of the lab (e.g. 'python bench.py') run in the copied solution "
                         "before grading, as a learner on this machine would; a ```yaml figures block it prints "
@@ -68,13 +72,15 @@ def main() -> None:
                 stamp_environment(folder / lab.spec.report, hw)
             cache = None if args.cold else Path(tmp) / "cache" / lab.spec.week
             on_event = Timeline() if args.timeline else None
-            result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event)
+            result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event,
+                           checks=args.checks)
             checks = {c.id: c for c in result.checks}
             if args.refresh_report and "report" in checks and checks["report"].status == "failed" \
                     and refresh_figures(course, lab, folder, result, hw, cache):
                 print(f"\n(first grade of {result.week}: report failed: {checks['report'].message[:300]}; its figures "
                       f"block now holds this grade's measurements, graded again)")
-                result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event)
+                result = grade(course, lab, folder, hardware=hw, compile_cache=cache, on_event=on_event,
+                               checks=args.checks)
             results.append(result.as_dict())
             label = " + ".join(args.overlays) or "reference"
             print(f"\n### {result.week} ({label}, grade {attempt + 1}/{args.repeat}): "

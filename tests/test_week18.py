@@ -1,7 +1,8 @@
 """Week 18 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
 its check, and honest solutions in another style (tests/fixtures/week18-honest: scales applied after the matmul,
 a speculative decoder that always drafts k and trims, an engine that cancels queued requests lazily) pass. The
-served checks run the lab's server.py (uvicorn in the sandbox, grading.serving) over each engine."""
+served checks run the lab's server.py (uvicorn in the sandbox, grading.serving) over each engine. quant-serving's
+load matrix is timed by the judge: a slower Int8Linear moves the int8 figures only."""
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,50 @@ def test_block_pool_refuses_double_free_and_overdraw():
     with pytest.raises(ValueError):
         pool.free(blocks[:1])
     assert pool.num_free == 4 and pool.blocks_for(5) == 3
+
+
+def test_step_engine_stamps_each_token_on_the_drivers_clock(tmp_path):
+    """kit.quant_serving.StepEngine serves one request at a time, one call a token, each chunk stamped when its call
+    returns: a server's time shows in TTFT and TPOT, the second of two users waits for the first's whole request,
+    the records hold the tokens, and kit.load_matrix recomputes every figure from them."""
+    import time
+
+    from infracourse.kit.load_matrix import check_matrix, load_matrix, run_matrix
+    from infracourse.kit.loadgen import read_records
+    from infracourse.kit.quant_serving import StepEngine
+
+    def prefill(ids, max_tokens):
+        time.sleep(0.006)
+        return len(ids)
+
+    def decode(token):
+        time.sleep(0.003)
+        return token + 1
+
+    cells = load_matrix(input_lens=[8], output_lens=[5], concurrencies=[1, 2], requests=2)
+    rows = run_matrix(cells, tmp_path, send=StepEngine(prefill, decode).send)
+    assert check_matrix(tmp_path, cells) == []
+    one, two = (row["metrics"] for row in rows)
+    assert one["ttft_ms"]["p50"] >= 6 and one["tpot_ms"]["p50"] >= 3
+    assert one["e2el_ms"]["p50"] >= 6 + 4 * 3
+    assert two["ttft_ms"]["p99"] >= one["e2el_ms"]["p50"]  # queued behind a whole request
+    records, _, _ = read_records(tmp_path / f"{cells[0].name}.json")
+    assert [r.text.split() for r in records] == [["8", "9", "10", "11", "12"]] * 2
+
+
+def test_step_server_gives_the_greedy_tokens():
+    from infracourse.kit.llama import checkpoint_model, generate
+    from infracourse.kit.quant_serving import StepServer
+
+    model = checkpoint_model({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 128, "intermediate": 128,
+                              "max_positions": 64}, 0)
+    server, prompt = StepServer(model), list(range(3, 13))
+    tokens = [server.prefill(prompt, 5)]
+    for _ in range(4):
+        tokens.append(server.decode(tokens[-1]))
+    assert tokens == generate(model, torch.tensor([prompt]), 5)[0].tolist()
+    with pytest.raises(RuntimeError, match="last token"):
+        server.decode(tokens[-1])
 
 
 # ------------------------------------------------------------------ grading proofs (slow)
@@ -195,6 +240,28 @@ def test_int8_claimed_in_state_dict_is_not_taken_on_its_word(grade_lab):
     assert checks["quant-memory"].status == "passed", checks["quant-memory"].message
     assert checks["quant-serving"].status == "failed", checks["quant-serving"].message
     assert "keep no fp32 copy" in checks["quant-serving"].message
+
+
+# Int8Linear that sleeps 0.5 ms a call: 14 layer Linears, 7 ms more a token, tokens unchanged
+SLOW_INT8 = {QUANT: lambda text: replace_once("import copy\n", "import copy\nimport time\n")(replace_once(
+    "        return F.linear(x, dequantize(self.qweight, self.scale).to(x.dtype))",
+    "        time.sleep(0.0005)\n        return F.linear(x, dequantize(self.qweight, self.scale).to(x.dtype))")(text))}
+
+
+@pytest.mark.slow
+def test_quant_serving_figures_are_the_judges(grade_lab):
+    """A slower Int8Linear passes (no speed is required of int8), and the judge's clock puts the time where it
+    was spent: every cell's int8 TPOT P50 at least 80 % of the 7 ms a token above the fp32 model's, served on the
+    same matrix in the same grade, so the fp32 figures did not take the sleep."""
+    _, checks = grade_lab("week18", edits=SLOW_INT8, checks=["quant-serving"])
+    check = checks["quant-serving"]
+    assert check.status == "passed", check.message
+    figures = {name.removesuffix(" (CPU stand-in)"): f.value for name, f in check.figures.items()}
+    cells = {name.split()[0] for name in figures if " int8 TPOT p50" in name}
+    assert len(cells) == 8, sorted(figures)
+    for cell in cells:
+        assert figures[f"{cell} int8 TPOT p50"] - figures[f"{cell} fp32 TPOT p50"] >= 0.8 * 7, (cell, figures)
+        assert figures[f"{cell} E2EL p50 int8/fp32"] > 1, (cell, figures)
 
 
 def test_held_tensors_finds_what_state_dict_does_not_show():
