@@ -19,6 +19,8 @@ def test_restart_recovers(recovery, lab_check, record):
             "supervisor waits on its child (await proc.wait()) and starts a new one whenever it exits")
     failed = [(i, rec.error) for i, rec in enumerate(r["records"]) if not rec.success]
     record("time to ready", kill["ready_s"], target=lab_check.threshold, unit="s")
+    # the report's figure is held against this one, which a loaded machine does not stretch
+    record("time to ready at rest", kill.get("at_rest_s") or kill["ready_s"], unit="s")
     record("requests lost", len(failed), target=0, unit="requests")
     if kill["ready_s"] > lab_check.threshold:
         raise LabCheckFailed(f"the new service answered /health {kill['ready_s']:.1f} s after the kill, at most "

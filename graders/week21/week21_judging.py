@@ -130,33 +130,15 @@ def phase_recovery(server: serving.Server, seed: int, journal: Path) -> dict:
 def _kill_twice(server: serving.Server, victim: dict, kills: list) -> None:
     """(A thread's target.) SIGKILL `victim` KILL_AT_S from now, and the service that replaced it AGAIN_AFTER_S
     after it answered; each kill's record (serving.kill_and_clock's, its "victim" added) appended to `kills`. A
-    kill whose replacement answered gets "at_rest_s": what that restart costs on an idle machine, which a loaded
-    one does not stretch (see restart_at_rest)."""
+    kill whose replacement answered has "at_rest_s": what that restart costs on an idle machine, which a loaded
+    one does not stretch (serving.restart_at_rest)."""
     for after_s in (KILL_AT_S, AGAIN_AFTER_S):
         out: dict = {"victim": victim}
         kills.append(out)
         serving.kill_and_clock(server, victim, after_s=after_s, window_s=RESTART_WINDOW_S, out=out)
         if "new" not in out:
             return
-        out["at_rest_s"] = restart_at_rest(out)
         victim = out["new"]
-
-
-def restart_at_rest(kill: dict) -> float | None:
-    """The restart's time as an idle machine gives it, read right when the new service answered /health: the
-    time from the kill to the new process's creation (the supervisor noticing and starting it) plus the CPU
-    seconds that process used until then (its interpreter, imports and model). On a loaded CPU the wall time
-    stretches with the processes it waits behind (1.1 s idle, 9-10 s under 4 parallel grades on 2 cores); these
-    CPU seconds do not, so the report's figure, measured at the learner's own time, is held against this one
-    (issue 29: the same verdict whatever the load). None if the process is already gone."""
-    try:
-        proc = psutil.Process(kill["new"]["pid"])
-        cpu = proc.cpu_times()
-        created = proc.create_time()
-    except psutil.Error:
-        return None
-    killed_at = time.time() - (time.perf_counter() - kill["killed"])  # the kill, on the epoch clock
-    return max(0.0, created - killed_at) + cpu.user + cpu.system
 
 
 def read_capacity(learner) -> float:
