@@ -25,17 +25,29 @@ from infracourse.kit.llama import Llama
 from infracourse.kit.loadgen import RequestRecord, RequestSpec, record_stream
 
 
-class Engine:
-    def __init__(self, model: Llama):
-        self.model = model
-        self.peak_kv_bytes = 0  # the largest cache held at once (one request at a time: the largest cache)
-        self._loop = self._lock = None
+class OneAtATime:
+    """A server of one request at a time, first come first served, the others queued: `stream(spec)` yields a
+    request's tokens as text ("17 ") inside `async with self._queue()`; `send` is kit.loadgen.run_load's."""
+    _loop = _lock = None
 
     def _queue(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()  # each run_load has its own event loop; a lock belongs to one
         if self._loop is not loop:
             self._loop, self._lock = loop, asyncio.Lock()
         return self._lock
+
+    def stream(self, spec: RequestSpec) -> AsyncIterator[str]:
+        raise NotImplementedError
+
+    def send(self, spec: RequestSpec) -> Awaitable[RequestRecord]:
+        """run_load's `send`: the request's record, on the same clock rules as an HTTP request's."""
+        return record_stream(spec, self.stream(spec))
+
+
+class Engine(OneAtATime):
+    def __init__(self, model: Llama):
+        self.model = model
+        self.peak_kv_bytes = 0  # the largest cache held at once (one request at a time: the largest cache)
 
     @torch.no_grad()
     def _next(self, ids: torch.Tensor, cache) -> int:
@@ -51,10 +63,6 @@ class Engine:
                 token = await asyncio.to_thread(self._next, ids, cache)  # prefill at step 0, then decode
                 yield f"{token} "
                 ids = torch.tensor([[token]], device=self.model.device)
-
-    def send(self, spec: RequestSpec) -> Awaitable[RequestRecord]:
-        """run_load's `send`: the request's record, on the same clock rules as an HTTP request's."""
-        return record_stream(spec, self.stream(spec))
 
     def memory(self) -> dict:
         """Memory figures and what they are. On CUDA: device memory (torch.cuda.max_memory_allocated since the

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Callable
 
 import torch
 import torch.nn as nn
 
 from infracourse.kit.llama import Llama
-from infracourse.kit.loadgen import RequestRecord, RequestSpec, record_stream
+from infracourse.kit.llama_serving import OneAtATime
+from infracourse.kit.loadgen import RequestSpec
 from infracourse.kit.quant_eval import quantize_per_channel
 
 
@@ -134,7 +135,7 @@ class StepServer:
         return [[*key, peak] for key, peak in sorted(self.peaks.items())]
 
 
-class StepEngine:
+class StepEngine(OneAtATime):
     """kit.loadgen.run_load's `send` over a StepServer's prefill and decode (the grading worker's, through the
     judge's proxies, or local ones): one request at a time, first come first served, the others queued, as
     kit.llama_serving.Engine serves. Every token is one call, its chunk stamped on this process's clock when the
@@ -143,13 +144,6 @@ class StepEngine:
 
     def __init__(self, prefill: Callable[[list, int], int], decode: Callable[[int], int]):
         self.prefill, self.decode = prefill, decode
-        self._loop = self._lock = None
-
-    def _queue(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()  # each run_load has its own event loop; a lock belongs to one
-        if self._loop is not loop:
-            self._loop, self._lock = loop, asyncio.Lock()
-        return self._lock
 
     async def stream(self, spec: RequestSpec) -> AsyncIterator[str]:
         async with self._queue():
@@ -158,6 +152,3 @@ class StepEngine:
             for _ in range(spec.max_tokens - 1):
                 token = await asyncio.to_thread(self.decode, token)
                 yield f"{token} "
-
-    def send(self, spec: RequestSpec) -> Awaitable[RequestRecord]:
-        return record_stream(spec, self.stream(spec))
