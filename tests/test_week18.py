@@ -83,10 +83,13 @@ def test_step_engine_stamps_each_token_on_the_drivers_clock(tmp_path):
     cells = load_matrix(input_lens=[8], output_lens=[5], concurrencies=[1, 2], requests=2)
     rows = run_matrix(cells, tmp_path, send=StepEngine(prefill, decode).send)
     assert check_matrix(tmp_path, cells) == []
-    one, two = (row["metrics"] for row in rows)
+    one = rows[0]["metrics"]
     assert one["ttft_ms"]["p50"] >= 6 and one["tpot_ms"]["p50"] >= 3
     assert one["e2el_ms"]["p50"] >= 6 + 4 * 3
-    assert two["ttft_ms"]["p99"] >= one["e2el_ms"]["p50"]  # queued behind a whole request
+    # two users, one server: the second request's first token comes after the first request's last one (the
+    # order of the chunks' own stamps, which a loaded machine cannot reorder; comparing cells' times could)
+    first, second = sorted(read_records(tmp_path / f"{cells[1].name}.json")[0], key=lambda r: r.chunk_times[0])
+    assert second.chunk_times[0] >= first.chunk_times[-1]
     records, _, _ = read_records(tmp_path / f"{cells[0].name}.json")
     assert [r.text.split() for r in records] == [["8", "9", "10", "11", "12"]] * 2
 
