@@ -545,12 +545,12 @@ def check_device_memory(figures: dict | None, *, formula: int, weights: int, dev
     WrongOutput: a wrong figure is not a slow one, and is not measured again."""
     if figures is None:
         raise WrongOutput(f"{what}: the course's ModelRunner wrote no memory figures ({MEMORY}, memory_report): "
-                             "build the engine's runner with ModelRunner(ServeConfig.from_env()), unchanged")
+                          "build the engine's runner with ModelRunner(ServeConfig.from_env()), unchanged")
     if figures.get("source") != "device":
         raise WrongOutput(f"{what}: the KV pool's figures come from {figures.get('source')!r}, not the device: the "
-                             "model and its pool are in host memory. Build the runner with the configuration the "
-                             "server was started with (device cuda): on a GPU the pool's bytes are the device "
-                             "allocator's (torch.cuda.memory_allocated), not sizes of host tensors")
+                          "model and its pool are in host memory. Build the runner with the configuration the "
+                          "server was started with (device cuda): on a GPU the pool's bytes are the device "
+                          "allocator's (torch.cuda.memory_allocated), not sizes of host tensors")
     numbers = {k: figures.get(k) for k in ("kv_pool_bytes", "weights_bytes", "max_allocated")}
     if not all(type(v) is int for v in numbers.values()):
         raise WrongOutput(f"{what}: the runner's memory figures are not the allocator's byte counts: {numbers}")
@@ -565,7 +565,7 @@ def check_device_memory(figures: dict | None, *, formula: int, weights: int, dev
     if device_delta < 0.9 * (weights + pool) - 64 * 2**20:
         raise WrongOutput(f"{what}: the runner says the device holds {weights + pool} bytes of weights and pool, but "
                              f"the device showed {device_delta} bytes more in use while the server was up "
-                             "(torch.cuda.mem_get_info, read by the judge): the figures are not the device's")
+                          "(torch.cuda.mem_get_info, read by the judge): the figures are not the device's")
 
 
 def tokens_through_runner(steps: list, records) -> str | None:
