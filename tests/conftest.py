@@ -18,6 +18,7 @@ import pytest
 
 from infracourse.cohort.release import is_honest_solution
 from infracourse.course import Course
+from infracourse.grading import judges
 from infracourse.grading.report import stamp_environment
 from infracourse.grading.runner import grade
 from infracourse.hardware import detect
@@ -38,6 +39,9 @@ def pytest_configure(config):
         # the files of a grade another worker is running at the same time.
         os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"infracourse-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
         tempfile.tempdir = None  # re-read TMPDIR
+    # Hundreds of grades in one process: each judge forks from one warm interpreter rather than importing torch
+    # afresh (grading.judges; the CLI's tests still start fresh judges, in their own processes).
+    judges.keep_warm()
 
 
 def pytest_collection_modifyitems(items):
@@ -50,6 +54,7 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_unconfigure(config):
+    judges.stop_warm()
     if os.environ.get("PYTEST_XDIST_WORKER") and "infracourse-tests-" in os.environ.get("TMPDIR", ""):
         shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
 

@@ -446,6 +446,9 @@ def watch(week: Optional[str] = WeekArg, workspace: Optional[Path] = WorkspaceOp
         console.print(f"[dim]watching {escape(str(folder))} — save a file to regrade, Ctrl-C to stop[/dim]",
                       soft_wrap=True)
 
+    from infracourse.grading import judges  # why: start-up: only watch keeps a warm judge interpreter
+
+    judges.keep_warm()  # every save regrades: each judge forks from one interpreter that imported torch once
     try:
         watch_loop(folder, grade_once, show, interval=interval)
     except KeyboardInterrupt:

@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 from infracourse.cohort.gradebook import Gradebook, Submission
 from infracourse.cohort.outcome import Outcome, failed_outcome, grade_submission, require_sandbox
 from infracourse.course import Course
+from infracourse.grading import judges
 from infracourse.hardware import Hardware
 from infracourse.launch import group
 
@@ -198,6 +199,7 @@ def main(spec: dict) -> None:
     folder = own_scratch(scratch_root())
     try:
         require_sandbox(spec["allow_unsandboxed"])  # checked here too: this process starts the sandboxes
+        judges.keep_warm()  # a worker grades submission after submission: each judge forks from one interpreter
         course, book = Course(Path(spec["course"])), Gradebook(Path(spec["gradebook"]))
         hardware = Hardware(**spec["hardware"])
         for line in sys.stdin:

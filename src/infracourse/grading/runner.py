@@ -22,8 +22,6 @@ import random
 import select
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from typing import Callable, Iterable
 
 from infracourse import __version__, kit_access, sandbox
 from infracourse.course import Course, LabDir
+from infracourse.grading import judges
 from infracourse.grading.protocol import (COMPILE_CACHE_ENV, FATAL_EXIT, ProtocolError, validate_event,
                                          write_settled)
 from infracourse.launch import group, hangs
@@ -200,8 +199,9 @@ def _run_judge(session: GradeSession, attempt: int) -> tuple[dict[str, CheckResu
                                  for k, r in session.settled.items()})
     log_path = work / f"judge-{attempt}.log"
     read_fd, write_fd = os.pipe()
-    command = [sys.executable, "-m", "pytest", str(lab.graders), "-p", "infracourse.grading.plugin",
+    arguments = [str(lab.graders), "-p", "infracourse.grading.plugin",
                "-c", str(work / "pytest.ini"), "--rootdir", str(lab.graders), "--import-mode=importlib",
+                 "--confcutdir", str(lab.graders),  # the week's conftest.py files only, none of a folder above
                "-q", "--no-header", "-p", "no:cacheprovider", "--basetemp", str(work / "pt"),
                "--infracourse-lab", str(lab.path / "lab.yaml"), "--infracourse-spec", str(spec_path),
                "--infracourse-learner", str(session.snapshot),
@@ -213,10 +213,10 @@ def _run_judge(session: GradeSession, attempt: int) -> tuple[dict[str, CheckResu
     kernels_interpreted = session.interpreted and _uses_triton(session.snapshot)  # a hang's message: tiles then
     buffer = b""
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=work, env=session.env, stdout=log, stderr=subprocess.STDOUT,
-                                pass_fds=(write_fd,), start_new_session=True,
-                                preexec_fn=group.parent_death_hook())  # dies with us, e.g. on a kill -9
-        os.close(write_fd)
+        try:
+            proc = judges.start(arguments, cwd=work, env=session.env, log_fd=log.fileno(), events_fd=write_fd)
+        finally:
+            os.close(write_fd)
         try:
             open_pipe = True
             while open_pipe:
@@ -332,6 +332,6 @@ def _tail(log: str, lines: int = 12) -> str:
     return "\n".join(log.strip().splitlines()[-lines:]) or "none"
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: judges.Judge) -> None:
     group.kill_group(proc.pid)
     proc.wait()
