@@ -50,13 +50,12 @@ def run_judge(tmp_path, name, env_extra=None, test=REPORTER):
 
 
 @pytest.fixture
-def warm():
-    was = judges.is_warm()
-    judges.keep_warm()
-    assert judges.is_warm(), "keep_warm() started no warm interpreter (INFRACOURSE_FRESH_JUDGES set?)"
-    yield
-    if not was:
-        judges.stop_warm()
+def warm(monkeypatch):
+    """A warm interpreter of this test's own, started with the environment as it is now."""
+    interpreter = judges.WarmInterpreter.start()
+    monkeypatch.setattr(judges, "_warm", interpreter)
+    yield interpreter
+    interpreter.stop()
 
 
 def test_a_forked_judge_sees_what_a_fresh_one_sees(tmp_path, warm, monkeypatch):

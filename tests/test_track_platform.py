@@ -3,7 +3,13 @@ week 24 with all of them, the starter fails every check saying what to write, ea
 names fails its own check, and an honest gateway in another style (tests/fixtures/track-platform-honest:
 partitioned asyncio semaphores, a supervisor thread) passes. Each grade serves the learner's gateway, which
 supervises the course's model service (kit.platform_service); the judge floods, kills and reruns it."""
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +21,36 @@ pytestmark = pytest.mark.slow
 
 TRACK = "platform"
 HONEST = Path(__file__).parent / "fixtures" / "track-platform-honest"
+SOLUTION = Path(__file__).parent.parent / "labs" / "track-platform" / "solution"
+
+
+def fresh_capacity(gateway: str | None = None) -> dict:
+    """Edits that do what a learner does before grading: sweep the capacity on this machine now (the solution's
+    sweep.py serving `gateway`, the solution's by default) and submit that capacity.json, its claim in report.md.
+    The shipped capacity.json was swept at another load: its claim is the highest rate of that load only (the
+    service's steps take longer on a busier CPU), and a lighter load holds the SLO at 1.15x it. The sweep starts
+    at 80 % of the shipped claim, so it runs a handful of points, not the two minutes of a sweep from 4/s."""
+    shipped = json.loads((SOLUTION / "capacity.json").read_text())["interactive_capacity_requests_per_s"]
+    work = Path(tempfile.mkdtemp(prefix="platform-sweep-"))
+    try:
+        for path in SOLUTION.iterdir():
+            if path.is_file():
+                shutil.copy(path, work / path.name)
+        if gateway is not None:
+            (work / "gateway.py").write_text(gateway)
+        sweep = (work / "sweep.py").read_text()
+        assert sweep.count("START_RATE, STEP = 4.0, 1.05") == 1, "the solution's sweep.py changed: update this helper"
+        (work / "sweep.py").write_text(sweep.replace("START_RATE, STEP = 4.0, 1.05",
+                                                     f"START_RATE, STEP = {0.8 * shipped:.4f}, 1.05"))
+        subprocess.run([sys.executable, "sweep.py"], cwd=work, env=dict(os.environ), check=True,
+                       capture_output=True, timeout=300)
+        capacity = (work / "capacity.json").read_text()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    claim = json.loads(capacity)["interactive_capacity_requests_per_s"]
+    return {"capacity.json": capacity,
+            "report.md": replace_once(f"interactive_capacity_requests_per_s: {shipped:g}\n",
+                                      f"interactive_capacity_requests_per_s: {claim:g}\n")}
 
 
 def both(*edits):
@@ -31,7 +67,7 @@ def test_solution_passes_week22_with_only_its_checks(grade_lab, machine):
 
 
 def test_solution_passes_week24(grade_lab, machine):
-    checks = assert_solution_passes(grade_lab, machine, "week24", track=TRACK)
+    checks = assert_solution_passes(grade_lab, machine, "week24", track=TRACK, edits=fresh_capacity())
     assert len(checks) == 14, sorted(checks)
 
 
@@ -73,5 +109,6 @@ def test_lock_that_disagrees_with_the_environment_fails(grade_lab):
 
 
 def test_honest_gateway_in_another_style_passes(grade_lab, machine):
+    honest = (HONEST / "gateway.py").read_text()
     assert_solution_passes(grade_lab, machine, "week24", track=TRACK,
-                           edits={"gateway.py": (HONEST / "gateway.py").read_text()})
+                           edits={"gateway.py": honest, **fresh_capacity(honest)})

@@ -105,7 +105,7 @@ def test_runs_observed(sweep, record):
             f"sweep() was given {len(sweep.configs)} configurations and made {len(sweep.runs)} trainers with the "
             "`trainer` it was given: call trainer(device) once per configuration, before its warm-up, and train "
             "every step with that model and optimiser (train_step). A row is graded against the run it describes.")
-    worst = high_use = compute_low = compute_use = 0.0
+    worst = high_use = compute_low = compute_use = most_waited = 0.0
     compute_low = math.inf
     # The learner stops its clock after the last stamped step; on a loaded machine the scheduler may run another
     # task in between (a step of 8 x 1.1 ms was once reported 2 ms long that way, at three grades at once on 2
@@ -123,13 +123,13 @@ def test_runs_observed(sweep, record):
         if len(run) != total:
             raise LabCheckFailed(f"{what}: the trainer made for this configuration trained {len(run)} steps; "
                                  f"warmup={sweep.warmup} + steps={sweep.steps} = {total} were asked for")
-        if any(size != key[1] for *_, size in run):
-            raise LabCheckFailed(f"{what}: the trainer saw batches of {sorted({s for *_, s in run})} samples, "
+        if any(step[3] != key[1] for step in run):
+            raise LabCheckFailed(f"{what}: the trainer saw batches of {sorted({step[3] for step in run})} samples, "
                                  f"not {key[1]}")
         if any(not math.isfinite(end) for _, end, *_ in run):
             raise LabCheckFailed(f"{what}: a step ran the model but not the optimiser step: use train_step")
         known = dataset_batches(ImageSet(), key[1])
-        batches = [known.get(digest) for _, _, digest, _ in run]
+        batches = [known.get(step[2]) for step in run]
         if None in batches:
             i = batches.index(None)
             raise LabCheckFailed(f"{what}: step {i} trained on images that are not one of the dataset's batches of "
@@ -143,13 +143,21 @@ def test_runs_observed(sweep, record):
         step_total = float(row["step_ms"]) * sweep.steps / 1e3
         compute_total = float(row["compute_ms"]) * sweep.steps / 1e3
         stamped_compute = sum(end - start for start, end, *_ in timed)
+        # An honest compute clock also spans a sliver of each gap between stamped steps, and on a loaded machine
+        # the scheduler may run another task right there (a burst of four regrades on 2 cores once made a 1.08 ms
+        # step read 2.44 ms): the training thread's run-queue wait in the gaps, measured by the kernel at the
+        # stamps (the load average lags such a burst by a minute), is allowed on top.
+        waited = run[-1][5] - run[sweep.warmup - 1][5] - sum(step[5] - step[4] for step in timed)
+        gap_wait = waited if math.isfinite(waited) and waited > 0 else 0.0
+        compute_high = stamped_compute * 1.25 + 0.25 * (last_end - after_warmup) + gap_wait
+        most_waited = max(most_waited, gap_wait / sweep.steps)
         # The timed loop contains every timed step's model call and optimiser step, and lies after the
         # warm-up's last step: a step time outside these bounds is not this run's.
         low, high = (last_end - first_start) * 0.97 - 1e-4, (last_end - after_warmup) * 1.10 + slack_s
         worst = max(worst, step_total / max(last_end - first_start, 1e-9))
         high_use = max(high_use, step_total / high)
         compute_low = min(compute_low, compute_total / max(stamped_compute, 1e-9))
-        compute_use = max(compute_use, compute_total / (stamped_compute * 1.25 + 0.25 * (last_end - after_warmup)))
+        compute_use = max(compute_use, compute_total / compute_high)
         if not low <= step_total <= high:
             raise LabCheckFailed(
                 f"{what}: step_ms {float(row['step_ms']):.3f} ms, but the stamped model trained these "
@@ -158,12 +166,13 @@ def test_runs_observed(sweep, record):
                 f"{slack_s * 1e3:.0f} ms in all for the machine's load, {contention:.1f} per core): time the "
                 "steps you report, on the host clock, from before the first timed batch is fetched to after "
                 "the last step, and divide by the steps.")
-        if compute_total < stamped_compute * 0.97 - 1e-4 or \
-                compute_total > stamped_compute * 1.25 + 0.25 * (last_end - after_warmup):
+        if compute_total < stamped_compute * 0.97 - 1e-4 or compute_total > compute_high:
             raise LabCheckFailed(
                 f"{what}: compute_ms {float(row['compute_ms']):.3f} ms, but train_step ran "
                 f"{stamped_compute / sweep.steps * 1e3:.3f} ms a step (from its forward to the end of its "
-                "optimiser step, stamped by the model): the compute clock starts just before train_step and "
+                f"optimiser step, stamped by the model; at most {compute_high / sweep.steps * 1e3:.3f} ms allowed, "
+                f"{gap_wait / sweep.steps * 1e3:.3f} ms of it the measured wait for a CPU between steps): the "
+                "compute clock starts just before train_step and "
                 "stops after it (and the device) finished, and holds nothing else.")
     record("reported step over stamped span (worst)", worst, unit="x")
     record("reported step over its upper bound (worst)", high_use, unit="x")
@@ -171,6 +180,7 @@ def test_runs_observed(sweep, record):
     if math.isfinite(compute_low):
         record("reported compute over stamped (lowest)", compute_low, unit="x")
     record("reported compute over its upper bound (worst)", compute_use, unit="x")
+    record("run-queue wait between stamped steps (most, per step)", most_waited * 1e3, unit="ms")
 
 
 @pytest.mark.check("transfer-timed")

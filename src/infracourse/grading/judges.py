@@ -38,8 +38,10 @@ FRESH_ENV = "INFRACOURSE_FRESH_JUDGES"  # set (to anything): keep_warm() does no
 # Set by the runner for every grade (grading.runner._grader_env, kit_access.environment): a difference in these
 # between the warm interpreter and a grade is expected; a difference in anything else sends the grade to a fresh judge.
 GRADE_KEYS_PREFIXES = ("INFRACOURSE_",)
+# Also: what pytest sets per test, and what torch sets in its own process on first use of the compiler and reads
+# only then (so a grading process that compiled something once still forks its judges).
 GRADE_KEYS = {"TMPDIR", "TRITON_INTERPRET", "PYTHONDONTWRITEBYTECODE", "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
-              "PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST"}
+              "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
 
 class Judge(Protocol):
@@ -141,9 +143,12 @@ class WarmInterpreter:
     def fits(self, env: dict[str, str]) -> bool:
         """Whether a judge with `env` may come from here: equal to this interpreter's start environment in every
         variable the runner does not set itself."""
-        def outside(e: dict[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if k not in GRADE_KEYS and not k.startswith(GRADE_KEYS_PREFIXES)}
-        return self.alive() and outside(env) == outside(self.env)
+        return self.alive() and not self.differences(env)
+
+    def differences(self, env: dict[str, str]) -> list[str]:
+        """The variables, outside those the runner sets, in which `env` differs from this interpreter's start."""
+        names = {k for k in {*env, *self.env} if k not in GRADE_KEYS and not k.startswith(GRADE_KEYS_PREFIXES)}
+        return sorted(k for k in names if env.get(k) != self.env.get(k))
 
     def fork(self, args: list[str], *, cwd: Path, env: dict[str, str], log_fd: int, events_fd: int) -> ForkedJudge:
         connection, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

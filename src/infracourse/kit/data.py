@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from infracourse.hardware import cache_dir
+from infracourse.hardware import cache_dir, thread_run_queue_wait
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class _StampedNet(SmallNet):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         import time
 
-        entry = {"start": time.perf_counter(), "batch": images}
+        entry = {"waited_before": thread_run_queue_wait(), "start": time.perf_counter(), "batch": images}
         if self._cuda:
             entry["events"] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             entry["events"][0].record()
@@ -211,6 +211,7 @@ class _StampedSGD(torch.optim.SGD):
             if self._cuda:
                 entry["events"][1].record()
             entry["end"] = time.perf_counter()
+            entry["waited_after"] = thread_run_queue_wait()
         return out
 
 
@@ -219,7 +220,9 @@ class StampedTrainer:
     and SGD optimiser, which keep a record of every training step they run (when its forward began and its
     optimiser step ended, on the worker's clock, and the batch it trained on). Built in the grading worker;
     `take()` returns, for each trainer made since the last take, its steps as (start_s, end_s, batch digest,
-    batch size) and clears them.
+    batch size, waited_before_s, waited_after_s) and clears them. The last two are the training thread's
+    run-queue wait so far (hardware.thread_run_queue_wait) at the step's start and end: what load added
+    between steps, where a learner's clock of the step also runs, is their difference across the gaps.
 
     On a GPU the end of a step is the start stamp plus the length CUDA events measured: the wrapper adds no
     synchronise of its own, so code that forgets to wait for the device still reads a clock too early."""
@@ -236,7 +239,7 @@ class StampedTrainer:
             model = _StampedNet(log, cuda).to(device)
         return model, _StampedSGD(model.parameters(), log, cuda, lr=0.05)
 
-    def take(self) -> list[list[tuple[float, float, int, int]]]:
+    def take(self) -> list[list[tuple[float, float, int, int, float, float]]]:
         runs, self._runs = self._runs, []
         out = []
         for log in runs:
@@ -247,7 +250,8 @@ class StampedTrainer:
                     entry["events"][1].synchronize()
                     end = start + entry["events"][0].elapsed_time(entry["events"][1]) / 1e3
                 images = entry["batch"]
-                steps.append((start, end, batch_digest(images), int(images.shape[0]) if images.dim() else 0))
+                steps.append((start, end, batch_digest(images), int(images.shape[0]) if images.dim() else 0,
+                              entry["waited_before"], entry.get("waited_after", math.nan)))
             out.append(steps)
         return out
 
