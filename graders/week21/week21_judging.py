@@ -25,11 +25,15 @@ RECOVERY_REQUESTS, RECOVERY_RATE, KILL_AT_S = 48, 8.0, 1.5
 # into the load, then the new process AGAIN_AFTER_S after it first answered /health, the moment a supervisor that
 # counts its restarts, backs off after one, or forgets the child it just started is caught
 AGAIN_AFTER_S = 0.5
-RESTART_WINDOW_S = 60.0          # the judge stops waiting for a new service process after this
+# The judge stops waiting for a new service process after this: 1.5x the 20 s a restart is allowed on a CPU, so a
+# late restart is still told apart from none, and a supervisor that never restarts costs the grade 30 s, not 60
+RESTART_WINDOW_S = 30.0
 CAPACITY_SECONDS = 8.0           # each capacity rerun lasts about this long
 CAPACITY_BELOW, CAPACITY_ABOVE = 0.9, 1.15
 DEPLOY_REQUESTS, DEPLOY_RATE = 30, 4.0
-ROLLBACK_WINDOW_S = 40.0         # after the deploy load, how long the judge waits for v2 to be gone
+# After the deploy load, how long the judge waits for the bad version to be gone. The canary decides during the load
+# (30 requests at 4/s); a rollout still running this long after it has no rollback
+ROLLBACK_WINDOW_S = 20.0
 # Two bad versions, deployed one after the other in every grade (issue 29 class 5: one of the two by the seed's parity
 # let a canary that compares only errors, or only per-token time, pass every other grade): v2 answers errors, v3
 # runs each step 3x slower (25 ms floor). Each is caught only by its half of the canary.
