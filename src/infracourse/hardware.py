@@ -107,7 +107,7 @@ def cpu_contention() -> float:
     return max(1.0, load / (os.cpu_count() or 1))
 
 
-_SCHEDSTAT_FDS: dict[int, int] = {}  # native thread id -> its open /proc/thread-self/schedstat
+_SCHEDSTAT_FDS: dict[tuple[int, int], int] = {}  # (pid, native thread id) -> its open /proc/thread-self/schedstat
 
 
 def thread_run_queue_wait() -> float:
@@ -115,15 +115,23 @@ def thread_run_queue_wait() -> float:
     second field), 0.0 where the kernel does not keep it. What load on a shared machine adds to a wall-clock
     interval of this thread, measured rather than guessed from the load average (which lags a burst by a
     minute); the thread's own code can raise it only by making the machine busier, never lower it. A few
-    microseconds a read: the file stays open per thread."""
-    tid = threading.get_native_id()
-    try:
-        fd = _SCHEDSTAT_FDS.get(tid)
-        if fd is None:
-            fd = _SCHEDSTAT_FDS[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    microseconds a read: the file stays open per thread (keyed by pid too, so a forked child opens its own;
+    a file left by a thread that ended, whose id a new thread reuses, is opened again)."""
+    key = (os.getpid(), threading.get_native_id())
+    for _ in range(2):
+        fd = _SCHEDSTAT_FDS.get(key)
+        try:
+            if fd is None:
+                fd = _SCHEDSTAT_FDS[key] = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+        except (ValueError, IndexError):
+            return 0.0
+        except OSError:
+            if fd is None:
+                return 0.0  # no schedstat here
+            _SCHEDSTAT_FDS.pop(key, None)
+            os.close(fd)
+    return 0.0
 
 
 def _release(version: str) -> tuple[int, ...]:

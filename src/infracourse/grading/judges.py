@@ -155,7 +155,7 @@ class WarmInterpreter:
         try:
             with _lock:  # one message per judge on the shared pair
                 socket.send_fds(self.control, [b"judge"], [theirs.fileno(), log_fd, events_fd])
-            theirs.close()
+            theirs.close()  # now: if the helper dies before it replies, the read below sees the end, not a hang
             request = json.dumps({"args": args, "cwd": str(cwd), "env": env, "events_fd": events_fd}).encode()
             connection.sendall(request + b"\n")
             replies = connection.makefile("rb")
@@ -272,10 +272,7 @@ def _as_a_fresh_interpreter(env: dict[str, str], args: list[str]) -> None:
 
     sys.dont_write_bytecode = env.get("PYTHONDONTWRITEBYTECODE", "") != ""
     sys.argv = [str(Path(pytest.__file__).with_name("__main__.py")), *args]
-    sys.path[0] = os.getcwd()  # `-m` puts the working folder first
-    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-        if entry not in sys.path:
-            sys.path.insert(1, entry)
+    sys.path[0] = os.getcwd()  # `-m` puts the working folder first; PYTHONPATH is the same (fits), so is the rest
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     tempfile.tempdir = None  # read TMPDIR again
