@@ -72,6 +72,10 @@ def pytest_configure(config):
     lab_path = config.getoption("--infracourse-lab")
     if not lab_path:
         return
+    if "OMP_NUM_THREADS" not in os.environ:  # as the processes it starts (ONE_THREAD in infracourse.launch)
+        import torch
+
+        torch.set_num_threads(1)
     config._infracourse = _Session(config)
     config.pluginmanager.register(config._infracourse, "infracourse-session")
 

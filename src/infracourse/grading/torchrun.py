@@ -27,6 +27,8 @@ from infracourse.launch import hangs, output
 
 RANK_FILE = "rank{rank}.pt"
 RUNTIME_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
+# frames of a fatal-signal stack that every abort shares: the signal's delivery, libc's abort, the process's start
+NOT_THE_CAUSE = {"<unknown function>", "gsignal", "raise", "abort", "pthread_kill", "__libc_start_main", "_start"}
 HANG_CAUSES = ("a collective that never completes (a rank that skips one, or ranks calling them in different orders "
                "or with different sizes), or a rank waiting on a message nobody sends")
 
@@ -55,6 +57,7 @@ class RanksRun:
     output_cut: bool = False    # the world printed past output.OUTPUT_LIMIT and was killed
     limit_s: float = 0.0        # the time limit it ran under
     not_run: str = ""           # why it was not started: an earlier launch of the same code hung (LaunchNotRun)
+    native: str = ""            # the C++ frames of a rank that died by a runtime signal (native_stack)
 
     def died_by_signal(self) -> bool:
         """A rank died by a runtime signal (torchrun's account: SIGABRT, SIGSEGV, SIGBUS) and no rank raised a
@@ -82,8 +85,36 @@ class RanksRun:
             native = [line for line in self.log.splitlines() if "terminate called" in line or "what():" in line]
             return (f"torchrun exited with {self.returncode}{twice}; ranks {missing or 'all'} returned nothing; "
                     + (f"a rank's native error: {' '.join(native[-2:])}; " if native else "")
+                    + (f"its C++ stack: {self.native}; " if self.native else "")
                     + f"last output:\n{self.log[-1500:]}")
         return None
+
+
+def native_stack(log: str, frames: int = 14) -> str:
+    """The C++ frames of the first thread the fatal-signal handler printed (kit.rank_driver turns it on): the
+    thread that took the signal, innermost first, the handler's and libc's own frames left out, each frame's
+    function only (a stripped library's frames as ?(library), repeats once). Empty when the log holds none."""
+    lines = log.splitlines()
+    header = next((i for i, line in enumerate(lines)
+                   if any(line.startswith(f"{name}(") for name in RUNTIME_SIGNALS) and "Thread" in line), None)
+    if header is None:
+        return ""
+    names: list[str] = []
+    for line in lines[header + 1:]:
+        line = line.strip()
+        if line == "<omitting python frames>":
+            names.append("(Python)")
+            continue
+        if not line.startswith("frame #"):
+            break
+        frame = line.split(":", 1)[1].strip()
+        name = frame.split(" + 0x")[0].split(" (0x")[0].strip()
+        library = frame.rsplit("/", 1)[-1].rstrip(")") if " in " in frame else ""
+        if name == "<unknown function>" and not library.startswith("libc."):
+            name = f"?({library})"  # a stripped library's frame: at least which library
+        if name not in NOT_THE_CAUSE and "FatalSignalHandler" not in name and (not names or names[-1] != name):
+            names.append(name)
+    return " < ".join(names[:frames])
 
 
 def _free_port() -> int:
@@ -153,9 +184,13 @@ def collect(proc: launch.Launched, *, scratch: Path, world_size: int, timeout_s:
         outputs.append(saved.get("result") if saved and "result" in saved else None)
         errors.append(saved.get("error") if saved else None)
         probes.append(saved.get("probe") if saved else None)
+    native = ""
+    if proc.returncode not in (0, None) and captured is not None and captured.path.is_file():
+        # the whole log: the handler's frames come before torchrun's summary, past the 8000 characters kept
+        native = native_stack(captured.path.read_text(errors="replace"))
     return RanksRun(proc.returncode if proc.returncode is not None else -9, outputs, errors, probes,
                     (log or "")[-8000:], wall, timed_out, scratch, output_cut=bool(captured and captured.cut),
-                    limit_s=timeout_s)
+                    limit_s=timeout_s, native=native)
 
 
 def run_ranks(module: str, function: str, *, learner_dir: Path, world_size: int, kwargs: dict | None = None,

@@ -41,6 +41,14 @@ ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_
             "TRITON_PTXAS_PATH", "NUMBA_DISABLE_JIT", "PYTORCH_CUDA_ALLOC_CONF")
 
 
+# ONE_THREAD: why a grade's processes run one OpenMP thread each (the judge too: grading.plugin): a grade is a judge, a worker
+# and often ranks or a server, taking turns, on a machine that may run several grades; OpenMP's threads spin after
+# each parallel region, so two threads a process on a shared 2-core machine burn the cores the other processes
+# wait for. Weeks 4 and 6's proofs took 251 CPU-seconds with torch's default threads and 149 with one (130 s and
+# 78 s of wall time at three at once, docs/grading-times.md). A check that measures threads sets its own count
+# (kit.threads, kit.intra_op); a learner who exports OMP_NUM_THREADS keeps it.
+
+
 def confining() -> bool:
     """Whether processes started here run in a sandbox on this machine."""
     return sandbox.status().available
@@ -55,13 +63,14 @@ def engine_path() -> str:
 def environment(scratch: Path, *, device: str | None = None, **extra: str) -> dict[str, str]:
     """The environment of a confined process: the judge's variables stripped to ENV_KEEP, HOME and TMPDIR in
     `scratch`, unbuffered output (what it printed before a crash reaches its log), no bytecode written, and the
-    engine importable. With `device` ("cpu" or "cuda"), for code that runs a model: INFRACOURSE_DEVICE, one
-    OpenMP thread unless the judge set a count, and no visible GPU on "cpu". `extra` is added last."""
+    engine importable, and one OpenMP thread unless the judge set a count (ONE_THREAD above). With `device`
+    ("cpu" or "cuda"), for code that runs a model: INFRACOURSE_DEVICE, and no visible GPU on "cpu". `extra` is
+    added last."""
     env = {k: v for k, v in os.environ.items() if k in ENV_KEEP}
     env.update(HOME=str(scratch), TMPDIR=str(scratch), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=engine_path())
+               PYTHONPATH=engine_path(), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     if device is not None:
-        env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), INFRACOURSE_DEVICE=device)
+        env.update(INFRACOURSE_DEVICE=device)
         if device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
