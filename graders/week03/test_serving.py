@@ -29,6 +29,9 @@ def _requested(sequences, concurrency):
 
 
 @pytest.mark.check("littles-law")
+@pytest.mark.timing  # requests in flight fall short when the clients' threads wait for a CPU between requests (a
+# burst of other grades): measured a second time before it fails. Queueing left out of the latency is short by
+# ~4x at 8 clients, a made-up throughput off by 2x: both fail twice
 def test_littles_law(schemes, experiment, workload, learner, record):
     sequences = [s for batch in workload.batches for s in batch]
     model = learner.build(StampedModel, workload.remote_model)
