@@ -56,10 +56,6 @@ def pytest_collection_modifyitems(items):
         function = getattr(item, "function", None)
         if function is not None and "assert_variant_fails" in function.__code__.co_names:
             item.add_marker("variant")
-    # Whole grades first, the engine's quick tests last: xdist hands tests out in this order, so the quick ones
-    # fill the cores while the last grades wait on their windows (a served rate, a restart) instead of the cores
-    # idling behind them at the end (longest first: the tail of the full suite ran at 15-60 % CPU)
-    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("variant")))
 
 
 def pytest_unconfigure(config):

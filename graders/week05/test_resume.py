@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from infracourse.grader import LabCheckFailed, LearnerRaised, output
-from infracourse.kit.resume_driver import NOT_WRITTEN, NO_MODEL_STATE, launch
+from infracourse.kit.resume_driver import KILLED, NOT_WRITTEN, NO_MODEL_STATE, launch
 
 STEPS, SAVE_EVERY = 24, 3
 ALONE = "uninterrupted"  # the uninterrupted run's own scratch folder, inside the check's work folder
@@ -46,9 +46,11 @@ class KillAndResume:
 
 
 def _train_process(learner_dir: Path, work: Path, run_dir: Path, device: str, precision: str, final: Path,
-                   log: Path):
-    """The driver confined to the learner's snapshot (read-only) and `work` (read-write: checkpoints, outputs)."""
-    args = ["train", str(learner_dir), str(run_dir), str(STEPS), str(SAVE_EVERY), device, precision, str(final)]
+                   log: Path, stop_at: int = 0):
+    """The driver confined to the learner's snapshot (read-only) and `work` (read-write: checkpoints, outputs);
+    with `stop_at`, it waits after that step's line for the judge's kill (kit.resume_driver)."""
+    args = ["train", str(learner_dir), str(run_dir), str(STEPS), str(SAVE_EVERY), device, precision, str(final),
+            str(stop_at)]
     with log.open("w") as stderr:  # the child keeps its own handle
         return launch(args, snapshot=learner_dir, scratch=work, gpu=device == "cuda", stdout=subprocess.PIPE,
                       stderr=stderr, text=True)
@@ -127,8 +129,11 @@ def kill_and_resume(learner_dir: Path, work: Path, device: str, precision: str, 
 
 
 def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, kill_at, seed) -> KillAndResume:
+    # the run stops after step kill_at's line until killed: on a loaded machine the judge read the lines so late
+    # that the run had reached its last step (and its last checkpoint) before the kill, and the resumed run
+    # had nothing left to do
     proc = _train_process(learner_dir, work, work / "interrupted", device, precision, work / "x.pt",
-                          work / "killed.log")
+                          work / "killed.log", stop_at=kill_at)
     killed = Run()
     try:
         for text in output.lines(proc):  # as it comes, bounded (launch.output)
@@ -140,6 +145,9 @@ def _interrupt_and_resume(uninterrupted, learner_dir, work, device, precision, k
     except output.OutputCut:
         raise LabCheckFailed(f"the run to be interrupted printed too much; {output.CUT_NOTE}") from None
     _finish(proc, work / "killed.log", "run to be interrupted", None, killed)
+    if killed.steps and killed.steps[-1]["step"] >= kill_at and proc.returncode not in KILLED:
+        raise RuntimeError(f"the run to be interrupted was not ended by the kill after step {kill_at} (exit code "
+                           f"{proc.returncode}):\n" + output.read_tail(work / "killed.log", 1500))
     if not killed.steps or killed.steps[-1]["step"] < kill_at:
         raise RuntimeError(f"the run to be interrupted ended before step {kill_at} (exit code {proc.returncode}):\n"
                            + output.read_tail(work / "killed.log", 1500))
@@ -216,7 +224,10 @@ def test_losses(runs, record):
 @pytest.mark.check("resume-step")
 def test_step(runs):
     steps = [line["step"] for line in runs.resumed.steps]
-    if not steps or steps[0] == 1:
+    if not steps:
+        raise LabCheckFailed(f"the resumed run reported no step {runs.where()}: it must call on_step after each "
+                             f"step from the one after the checkpoint's to step {STEPS}")
+    if steps[0] == 1:
         raise LabCheckFailed(f"the resumed run started again from step 1 {runs.where()}: train() must load "
                              "run_dir/checkpoint.pt when it exists and continue after the step it holds")
     last_before_kill = runs.killed.steps[-1]["step"]

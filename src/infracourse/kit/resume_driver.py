@@ -6,10 +6,12 @@ learner's snapshot read-only, a scratch folder read-write where the run's checkp
 judge reads what it wrote there as untrusted data (JSON lines, and a state file loaded with
 torch.load(weights_only=True), which rebuilds tensors and plain containers only).
 
-  python -m infracourse.kit.resume_driver train LEARNER RUN_DIR STEPS SAVE_EVERY DEVICE PRECISION FINAL
+  python -m infracourse.kit.resume_driver train LEARNER RUN_DIR STEPS SAVE_EVERY DEVICE PRECISION FINAL [STOP]
       calls train(); prints one JSON line per step, flushed, so the grader can SIGKILL it at a step of its
       choosing; at a normal end writes FINAL: the live state after training (model, optimiser, scheduler,
       data position, loss scaler, every RNG), read from the objects train() returned, never from the learner's checkpoint.
+      With STOP, the step-STOP line is the last: the run waits there for the grader's SIGKILL, so a judge that
+      reads the lines late (a loaded machine) still kills it at that step, never after it ran to its end.
   python -m infracourse.kit.resume_driver kill-while-saving LEARNER CHECKPOINT MARKER
       saves a first state, then a second one holding an object that SIGKILLs the process while it is being
       serialised; writes MARKER if anything opened CHECKPOINT itself for writing.
@@ -33,6 +35,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 NOT_WRITTEN = 2
@@ -60,7 +63,7 @@ def _plain(state):
     return state
 
 
-def _train(learner, run_dir, steps, save_every, device, precision, final):
+def _train(learner, run_dir, steps, save_every, device, precision, final, stop="0"):
     import numpy as np
     import torch
 
@@ -72,6 +75,9 @@ def _train(learner, run_dir, steps, save_every, device, precision, final):
     def on_step(step, loss, inputs):
         digest = hashlib.sha1(inputs.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
         print(json.dumps({"step": int(step), "loss": float(loss).hex(), "inputs": digest}), flush=True)
+        if int(step) == int(stop):
+            while True:  # the grader's SIGKILL ends it here
+                time.sleep(60)
 
     result = train.train(run_dir, int(steps), save_every=int(save_every), device=device, precision=precision,
                          on_step=on_step)
