@@ -37,22 +37,23 @@ def terminate(value):
 '''
 
 
-def test_a_rank_lost_to_a_signal_is_launched_again(tmp_path):
+def _launch(tmp_path, function: str, value: int):
+    """Two ranks of ABORT_ONCE's `function`, from a learner folder of their own."""
     learner = tmp_path / "learner"
-    learner.mkdir()
+    learner.mkdir(exist_ok=True)
     (learner / "ranks_abort.py").write_text(ABORT_ONCE)
-    run = run_ranks("ranks_abort", "work", learner_dir=learner, world_size=2, kwargs={"value": 10},
-                    scratch=tmp_path / "once", timeout_s=120)
+    return run_ranks("ranks_abort", function, learner_dir=learner, world_size=2, kwargs={"value": value},
+                     scratch=tmp_path / function, timeout_s=120)
+
+
+def test_a_rank_lost_to_a_signal_is_launched_again(tmp_path):
+    run = _launch(tmp_path, "work", 10)
     assert run.failure() is None, run.failure()
     assert run.attempts == 2 and run.outputs == [10, 11]
 
 
 def test_a_rank_that_always_aborts_fails_after_two_launches(tmp_path):
-    learner = tmp_path / "learner"
-    learner.mkdir()
-    (learner / "ranks_abort.py").write_text(ABORT_ONCE)
-    run = run_ranks("ranks_abort", "always", learner_dir=learner, world_size=2, kwargs={"value": 1},
-                    scratch=tmp_path / "always", timeout_s=120)
+    run = _launch(tmp_path, "always", 1)
     assert run.attempts == 2 and run.died_by_signal()
     assert "launched twice" in run.failure() and "SIGABRT" in run.failure()
 
@@ -60,11 +61,7 @@ def test_a_rank_that_always_aborts_fails_after_two_launches(tmp_path):
 def test_a_native_abort_is_reported_with_its_cpp_stack(tmp_path):
     """A rank that dies in C++ (std::terminate) is reported with the frames of the thread that aborted, which
     kit.rank_driver has torch print: the origin of gloo's rare aborts under load is still to be found."""
-    learner = tmp_path / "learner"
-    learner.mkdir()
-    (learner / "ranks_abort.py").write_text(ABORT_ONCE)
-    run = run_ranks("ranks_abort", "terminate", learner_dir=learner, world_size=2, kwargs={"value": 1},
-                    scratch=tmp_path / "terminate", timeout_s=120)
+    run = _launch(tmp_path, "terminate", 1)
     assert run.attempts == 2 and run.died_by_signal()
     message = run.failure()
     assert "terminate called without an active exception" in message, message
