@@ -41,11 +41,11 @@ ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_
             "TRITON_PTXAS_PATH", "NUMBA_DISABLE_JIT", "PYTORCH_CUDA_ALLOC_CONF")
 
 
-# ONE_THREAD: why a grade's processes run one OpenMP thread each (the judge too: grading.plugin): a grade is a judge, a worker
-# and often ranks or a server, taking turns, on a machine that may run several grades; OpenMP's threads spin after
-# each parallel region, so two threads a process on a shared 2-core machine burn the cores the other processes
-# wait for. Weeks 4 and 6's proofs took 251 CPU-seconds with torch's default threads and 149 with one (130 s and
-# 78 s of wall time at three at once, docs/grading-times.md). A check that measures threads sets its own count
+# ONE_THREAD: why a grade's processes run one OpenMP thread each (the judge too: grading.plugin). A grade is a
+# judge, a worker and often ranks or a server, taking turns, on a machine that may run several grades; OpenMP's
+# threads spin after each parallel region, so two threads a process on a shared 2-core machine burn the cores the
+# other processes wait for. Weeks 4 and 6's proofs took 251 CPU-seconds with torch's default threads and 154 with
+# one (130 s and 81 s of wall time at three at once, docs/grading-times.md). A check that measures threads sets its own count
 # (kit.threads, kit.intra_op); a learner who exports OMP_NUM_THREADS keeps it.
 
 
