@@ -15,6 +15,12 @@ def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = N
     return checks
 
 
+def not_passed(checks: dict) -> dict:
+    """Every check of a grade that neither passed nor was blocked, with its message: what a failed proof shows,
+    since a check withheld for another it requires names only that one ("no credit yet: cost-model ...")."""
+    return {k: (c.status, c.message) for k, c in checks.items() if c.status not in ("passed", "blocked")}
+
+
 def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict, track: str | None = None):
     """The variant fails `check_id` (returned, for its message). Only that check and what it requires are graded
     (as `infracourse grade --check`), so its verdict is a whole grade's in a fraction of the time; the

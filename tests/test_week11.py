@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails
+from labproof import assert_solution_passes, assert_variant_fails, not_passed
 from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week11-honest"
@@ -106,7 +106,7 @@ def test_report_in_other_words_passes(grade_lab):
     fresh = fresh_sweep(SOLUTION)
     _, checks = grade_lab("week11", edits={"sweep.csv": fresh["sweep.csv"],
                                             "report.md": _then(fresh["report.md"], reworded)})
-    assert checks["report"].status == "passed", checks["report"].message
+    assert checks["report"].status == "passed", not_passed(checks)
 
 
 def _scaled(factor: float, impl: str | None = None):
