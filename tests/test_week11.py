@@ -164,7 +164,8 @@ VARIANTS = {
     # the library's fastest call is 10x off the grader's (allowed 4x)
     "fabricated sweep.csv": ("sweep-remeasured", "sweep.csv", _scaled(0.1)),
     # the ring's rows 3x slower than what ran (a CSV from a slower collectives.py): its ratio to the library's
-    # rows, timed in turns with it, is 3x off the grader's (allowed 1.75x) at any load
+    # rows, timed in turns with it, is 3x off the grader's (allowed 1.75x) unless a grade's load moves the ratio
+    # 1.7x the other way (scaled from the shipped sweep: ON_THE_SHIPPED_SWEEP)
     "ring rows scaled by 3x": ("sweep-remeasured", "sweep.csv", _scaled(3.0, "ring")),
     # ... and 3x faster: a CSV from a faster ring, or the ring's times invented. Its ratio (0.70) is below what a
     # Python ring can reach against the library's C++ one (RING_FLOOR): failed at any load, where the comparison
