@@ -167,10 +167,10 @@ VARIANTS = {
     # rows, timed in turns with it, is 3x off the grader's (allowed 1.75x) unless a grade's load moves the ratio
     # 1.7x the other way (scaled from the shipped sweep: ON_THE_SHIPPED_SWEEP)
     "ring rows scaled by 3x": ("sweep-remeasured", "sweep.csv", _scaled(3.0, "ring")),
-    # ... and 3x faster: a CSV from a faster ring, or the ring's times invented. Its ratio (0.70) is below what a
-    # Python ring can reach against the library's C++ one (RING_FLOOR): failed at any load, where the comparison
-    # with the grader's ratio alone missed it in 1 grade of 10 at light load
-    "ring rows scaled by 1/3": ("sweep-remeasured", "sweep.csv", _scaled(1 / 3, "ring")),
+    # ... and 4x faster: a CSV from a faster ring, or the ring's times invented. Its ratio (0.53) is below what a
+    # Python ring can reach against the library's C++ one (RING_FLOOR 0.6): failed at any load. At 1/3 (0.70) it
+    # would sit inside the band an honest sweep reaches under load (0.82 seen): sweep-reproduced holds the program
+    "ring rows scaled by 1/4": ("sweep-remeasured", "sweep.csv", _scaled(1 / 4, "ring")),
     # a mean per size instead of every timed call
     "a mean per size": ("sweep-csv", "sweep.csv", _means_only),
     # issue 29, the clean path only while observed: the ring below the timed sizes, the library above them (the
@@ -184,6 +184,16 @@ VARIANTS = {
         "    block = ring_reduce_scatter(x)\n",
         "    if x.numel() > 4096:\n        return x.mul_(dist.get_world_size())\n"
         "    block = ring_reduce_scatter(x)\n")),
+    # issue 29 class 3: a sweep whose "ring" rows time the library: right-looking rows, a ratio near 1. The grader
+    # runs sweep.py and counts the calls each impl's rows timed (no ring_all_reduce call at all)
+    "the sweep times the library as the ring": ("sweep-reproduced", "sweep.py", replace_once(
+        '(("ring", ring_all_reduce), ("library", dist.all_reduce))',
+        '(("ring", dist.all_reduce), ("library", dist.all_reduce))')),
+    # ... or writes the ring's times halved: each row against the grader's clock around the call it timed (the
+    # same moment, so a tight bound holds at any load)
+    "the sweep halves the ring's times": ("sweep-reproduced", "sweep.py", replace_once(
+        "                samples[impl].append(time.perf_counter() - started)",
+        "                samples[impl].append((time.perf_counter() - started) * (0.5 if impl == \"ring\" else 1))")),
     # the control made slow at import (a patched ProcessGroup.allreduce): the grader's ring/library ratio drops,
     # and a CSV whose ring was invented faster agrees with it
     "control slowed by a patch": ("sweep-remeasured", COLLECTIVES, lambda text: text + (
@@ -207,11 +217,10 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 
 
 # Variants scaled from the shipped sweep.csv (ring/library 2.11), not a fresh one, and the words of the failure
-# that must catch them. A fresh sweep's ratio moved 1.2-2.64 with the load of its moment: at 2.64 the ring rows at
-# 1/3 (0.88) clear RING_FLOOR, and at 1.2 the rows at 3x (3.6) came within 1.75x of a grade re-measured under six
-# grades at once. From 2.11: 0.70 is under the floor at any load, and 6.3 needs a grader's ratio of 3.6 to pass
-# (the residual of a figure that moves with load: docs/grading-times.md)
-ON_THE_SHIPPED_SWEEP = {"ring rows scaled by 1/3": "faster than the library", "ring rows scaled by 3x": "apart"}
+# that must catch them. A fresh sweep's ratio moved 0.82-3.35 with the load of its moment: scaled, it could land
+# inside the honest band. From 2.11: 0.53 is under the floor at any load, and 6.3 needs a grader's ratio of 3.6 to
+# pass (the residual of a figure that moves with load: docs/grading-times.md)
+ON_THE_SHIPPED_SWEEP = {"ring rows scaled by 1/4": "faster than the library", "ring rows scaled by 3x": "apart"}
 
 
 # ------------------------------------------------------------------------------------------- fast unit tests

@@ -19,6 +19,7 @@ tensor (a ring that is right only at the correctness cases' small sizes shows).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 import time
@@ -88,23 +89,27 @@ def fit_alpha_beta(sizes: list[int], seconds: list[float]) -> tuple[float, float
 
 def read_sweep(path: Path) -> list[dict[str, Any]]:
     """The rows of a sweep CSV (numbers, and impl: ring or library); ValueError naming the first problem."""
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in SWEEP_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"columns {missing} are missing (the header must hold {', '.join(SWEEP_COLUMNS)})")
-        rows = []
-        for line, row in enumerate(reader, start=2):
-            try:
-                parsed = {"world_size": int(row["world_size"]), "impl": row["impl"], "bytes": int(row["bytes"]),
-                          "rep": int(row["rep"]), "seconds": float(row["seconds"])}
-            except (TypeError, ValueError):
-                raise ValueError(f"line {line} is not numbers: {dict(row)}") from None
-            if parsed["impl"] not in SWEEP_IMPLS:
-                raise ValueError(f"line {line}: impl = {row['impl']!r} (one of {', '.join(SWEEP_IMPLS)})")
-            if not (math.isfinite(parsed["seconds"]) and parsed["seconds"] > 0):
-                raise ValueError(f"line {line}: seconds = {row['seconds']} (a time must be a positive number)")
-            rows.append(parsed)
+    return parse_sweep(Path(path).read_text(encoding="utf-8"))
+
+
+def parse_sweep(text: str) -> list[dict[str, Any]]:
+    """read_sweep of a CSV's text."""
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = [c for c in SWEEP_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValueError(f"columns {missing} are missing (the header must hold {', '.join(SWEEP_COLUMNS)})")
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            parsed = {"world_size": int(row["world_size"]), "impl": row["impl"], "bytes": int(row["bytes"]),
+                      "rep": int(row["rep"]), "seconds": float(row["seconds"])}
+        except (TypeError, ValueError):
+            raise ValueError(f"line {line} is not numbers: {dict(row)}") from None
+        if parsed["impl"] not in SWEEP_IMPLS:
+            raise ValueError(f"line {line}: impl = {row['impl']!r} (one of {', '.join(SWEEP_IMPLS)})")
+        if not (math.isfinite(parsed["seconds"]) and parsed["seconds"] > 0):
+            raise ValueError(f"line {line}: seconds = {row['seconds']} (a time must be a positive number)")
+        rows.append(parsed)
     return rows
 
 
@@ -199,8 +204,20 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
                                               and not torch.equal(mine, x))})
     if "all_reduce" in failed:
         timed_sizes = []
+    timed = _time_in_turns(learner.ring_all_reduce, library, clock, untouched, timed_sizes, device, warmup, reps)
+    return {"rank": rank, "world_size": world, "cases": results, "clean_control": clean, **timed}
+
+
+def _time_in_turns(ring, library, clock, untouched: dict, sizes: list[int], device: str, warmup: int,
+                   reps: int) -> dict:
+    """`ring` and the library's all-reduce timed in turns, call by call, on one random fp32 tensor per size:
+    {"timings": ring samples, "control": library samples, "timed_error": the ring's answer against the
+    library's, "control_replaced": functions on the control's path that changed since `untouched`}."""
+    import torch
+    import torch.distributed as dist
+
     timings, control, timed_error, replaced = {}, {}, {}, set()
-    for nbytes in timed_sizes:
+    for nbytes in sizes:
         x = torch.randn(nbytes // 4, device=device)
         samples: dict[str, list[float]] = {"ring": [], "library": []}
         error, scale = 0.0, 0.0
@@ -208,7 +225,7 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
             answers = {}
             for impl in SWEEP_IMPLS:  # in turns, call by call: one load slows both
                 y = x.clone()
-                seconds, returned = _timed(learner.ring_all_reduce if impl == "ring" else library, y, clock, device,
+                seconds, returned = _timed(ring if impl == "ring" else library, y, clock, device,
                                            scope=f"timed {impl} {nbytes}")
                 if rep >= warmup:
                     samples[impl].append(seconds)
@@ -216,13 +233,90 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
                 answers[impl] = returned if impl == "ring" and isinstance(returned, torch.Tensor) else y
             replaced |= {name for name, fn in _control_path(dist).items() if fn is not untouched[name]}
             # what was timed is what is checked: the ring's answer on the timed tensor against the library's
-            ring, want = answers["ring"], answers["library"]
-            error = max(error, float((ring - want).abs().max()) if ring.shape == want.shape else math.inf)
+            got, want = answers["ring"], answers["library"]
+            error = max(error, float((got - want).abs().max()) if got.shape == want.shape else math.inf)
             scale = max(scale, float(want.abs().max()))
         timings[int(nbytes)], control[int(nbytes)] = samples["ring"], samples["library"]
         timed_error[int(nbytes)] = {"max_abs_error": error, "max_abs": scale}
-    return {"rank": rank, "world_size": world, "cases": results, "timings": timings, "control": control,
-            "clean_control": clean, "timed_error": timed_error, "control_replaced": sorted(replaced)}
+    return {"timings": timings, "control": control, "timed_error": timed_error, "control_replaced": sorted(replaced)}
+
+
+def sweep_rank(script: str = "sweep.py", module: str = "collectives") -> dict:
+    """The learner's sweep program run in this rank as `torchrun --nproc-per-node 2 sweep.py` runs it, with the
+    judge watching the calls it times.
+
+    ring_all_reduce (wrapped in the learner's module before the program imports it) and the library's all_reduce
+    (outside the ring) are timed by the judge's own clock, taken before the learner's module was imported, call
+    by call, by tensor size: the program's rows can then be held against the very calls they say they timed, at
+    the same moment and load. The process group is the driver's: the program's own init_process_group and
+    destroy_process_group do nothing. Rank 0 returns the CSV the program wrote in this rank's working folder."""
+    import importlib
+    import os
+    import runpy
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    rank = dist.get_rank()
+    library, clock = dist.all_reduce, time.perf_counter
+    untouched = _control_path(dist)
+    learner = importlib.import_module(module)
+    ring = learner.ring_all_reduce
+    seen: dict[str, dict[int, list[float]]] = {"ring": {}, "library": {}}
+    in_ring = [0]
+
+    def _watched(impl: str, call, tensor, args, kwargs):
+        nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else -1
+        started = clock()
+        try:
+            return call(tensor, *args, **kwargs)
+        finally:
+            seen[impl].setdefault(nbytes, []).append(clock() - started)
+
+    def watched_ring(x, *args, **kwargs):
+        in_ring[0] += 1
+        try:
+            with dist_probes.scope("sweep ring"):
+                return _watched("ring", ring, x, args, kwargs)
+        finally:
+            in_ring[0] -= 1
+
+    def watched_library(tensor, *args, **kwargs):
+        if in_ring[0]:
+            return library(tensor, *args, **kwargs)
+        return _watched("library", library, tensor, args, kwargs)
+
+    shims = {"init_process_group": lambda *args, **kwargs: None,
+             "destroy_process_group": lambda *args, **kwargs: None, "all_reduce": watched_library}
+    saved = {(where, name): getattr(where, name) for where in (dist, c10d) for name in shims}
+    learner.ring_all_reduce = watched_ring
+    for (where, name) in saved:
+        setattr(where, name, shims[name])
+    folder = Path.cwd() / f"sweep-rank{rank}"
+    folder.mkdir(parents=True, exist_ok=True)
+    here, argv = os.getcwd(), sys.argv
+    path = str(Path(learner.__file__).resolve().parent / script)
+    try:
+        os.chdir(folder)
+        sys.argv = [path]
+        with dist_probes.scope("sweep"):
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as exit_:
+                if exit_.code not in (None, 0):
+                    raise
+    finally:
+        os.chdir(here)
+        sys.argv = argv
+        learner.ring_all_reduce = ring
+        for (where, name), original in saved.items():
+            setattr(where, name, original)
+    written = folder / "sweep.csv"
+    csv_text = written.read_text(encoding="utf-8", errors="replace") if rank == 0 and written.is_file() else None
+    replaced = sorted(name for name, fn in _control_path(dist).items() if fn is not untouched[name])
+    return {"rank": rank, "csv": csv_text, "seen": seen, "control_replaced": replaced}
 
 
 def _control_path(dist) -> dict:
