@@ -163,10 +163,9 @@ VARIANTS = {
     # a sweep.csv whose times were made up (10x faster than this code runs here): the ring/library ratio holds,
     # the library's fastest call is 10x off the grader's (allowed 4x)
     "fabricated sweep.csv": ("sweep-remeasured", "sweep.csv", _scaled(0.1)),
-    # the ring's rows 3x slower than what ran (a CSV from a slower collectives.py): its ratio to the library's
-    # rows, timed in turns with it, is 3x off the grader's (allowed 1.75x) unless a grade's load moves the ratio
-    # 1.7x the other way (scaled from the shipped sweep: ON_THE_SHIPPED_SWEEP)
-    "ring rows scaled by 3x": ("sweep-remeasured", "sweep.csv", _scaled(3.0, "ring")),
+    # (a CSV whose ring rows are 3x slower than what ran is not a variant: the ratio moves up to 4x with the moment
+    # it was recorded at, so no cross-time bound can tell it from an honest sweep; the same mistake made by the
+    # program is "the sweep halves the ring's times", caught by sweep-reproduced at the same moment)
     # ... and 4x faster: a CSV from a faster ring, or the ring's times invented. Its ratio (0.53) is below what a
     # Python ring can reach against the library's C++ one (RING_FLOOR 0.6): failed at any load. At 1/3 (0.70) it
     # would sit inside the band an honest sweep reaches under load (0.82 seen): sweep-reproduced holds the program
@@ -218,9 +217,8 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 
 # Variants scaled from the shipped sweep.csv (ring/library 2.11), not a fresh one, and the words of the failure
 # that must catch them. A fresh sweep's ratio moved 0.82-3.35 with the load of its moment: scaled, it could land
-# inside the honest band. From 2.11: 0.53 is under the floor at any load, and 6.3 needs a grader's ratio of 3.6 to
-# pass (the residual of a figure that moves with load: docs/grading-times.md)
-ON_THE_SHIPPED_SWEEP = {"ring rows scaled by 1/4": "faster than the library", "ring rows scaled by 3x": "apart"}
+# inside the honest band. From 2.11, 0.53 is under the floor at any load
+ON_THE_SHIPPED_SWEEP = {"ring rows scaled by 1/4": "faster than the library"}
 
 
 # ------------------------------------------------------------------------------------------- fast unit tests

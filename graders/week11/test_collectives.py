@@ -22,14 +22,17 @@ TIMED = [4 * kit.KIB, 64 * kit.KIB, 1 * MIB, 2 * MIB, 4 * MIB]  # the grader's r
 BANDWIDTH_BOUND = [1 * MIB, 2 * MIB, 4 * MIB]                  # compared with sweep.csv
 SWEEP = [2 ** k for k in range(10, 23)]                        # 1 KiB .. 4 MiB: what sweep.csv must hold
 SWEEP_WORLD, MIN_REPS, REMEASURE_FACTOR = 2, 20, 3.0
-RATIO_FACTOR = 1.75   # sweep.csv's ring/library time ratio against the grader's (both timed in turns): the
-# reference's shipped CSVs (2.92, 2.71) graded 3 at once on 2 cores came 1.12x-1.40x from the grade's (1.94-2.60); a
-# ring 3x off stays >= 2.1x off. 1.75 sits between the two (geometric middle)
+RATIO_FACTOR = 4.0  # sweep.csv's ring/library time ratio against the grader's: a plausibility band, as wide as
+# the ratio moves with the moment. A ring of Python send/recv suffers more from a busy machine than the library's
+# C++ one, so the ratio is no load-free figure: the same code on this 2-core machine gave 0.99-1.52 idle and
+# 0.82-3.35 in 18 sweeps at six grades at once (3.5x on the H100 host). A CSV recorded at one moment and graded at
+# another (an instructor's regrade) must keep its verdict, so the band is 4x; the tight check of the timings is
+# sweep-reproduced's, where a row and the call it timed see one load
 CONTROL_FACTOR = 2.5  # the control in turns with the ring against the same call timed before collectives.py was
 # imported (same launch, seconds apart), fastest call per size, summed: a slower library call (a patched
-# ProcessGroup.allreduce below Python) raises every call, the fastest too. Means are compared within
-# CONTROL_MEAN_FACTOR only: at three grades at once beside other work they came 0.76x-2.63x apart
-CONTROL_MEAN_FACTOR = 4.0
+# ProcessGroup.allreduce below Python) raises every call, the fastest too. Means are recorded, not bounded: at four
+# grades at once they came 0.80x-3.82x apart and failed an honest grade once in about 30 at the old 4x bound, which
+# guarded the ratio's tighter band of before
 LIBRARY_FACTOR = 4.0  # sweep.csv's fastest library call against the grader's: the loose absolute sanity bound
 RING_FLOOR = 0.6  # the least ring/library ratio a sweep can show. The library runs the same exchange over the same
 # gloo pairs in C++, with no Python between the steps, so a send/recv ring in Python cannot beat it by much. Honest
@@ -403,10 +406,9 @@ def test_sweep_remeasured(learner, launches, remeasure, record):
         raise LabCheckFailed(
             f"in sweep.csv your ring_all_reduce takes {yours:.2f}x the time of dist.all_reduce at 1-4 MiB (mean "
             f"per size, summed; {detail}); timed the same way by the grader, in turns on {SWEEP_WORLD} CPU ranks, "
-            f"it takes {ours:.2f}x: {apart:.2f}x apart (allowed {RATIO_FACTOR:g}x). A ring in Python suffers more "
-            "from a busy machine than the library does, so a sweep recorded at another load than this grade's can "
-            "also land this far: re-run sweep.py with the collectives.py you submit, right before grading, and "
-            "submit the CSV it writes unchanged")
+            f"it takes {ours:.2f}x: {apart:.2f}x apart (allowed {RATIO_FACTOR:g}x, wider than any change of load "
+            "moved it on one machine). Re-run sweep.py with the collectives.py you submit, on the machine you "
+            "grade on, and submit the CSV it writes unchanged")
     yours_fastest = min(min(library[s]) for s in BANDWIDTH_BOUND)
     ours_fastest = min(min(ours_library[s]) for s in BANDWIDTH_BOUND)
     if max(yours_fastest / ours_fastest, ours_fastest / yours_fastest) > LIBRARY_FACTOR:
@@ -434,20 +436,18 @@ def _control_untouched(outputs: list[dict], record) -> None:
         mean = sum(statistics.fmean(in_turns[s]) for s in sizes) / sum(statistics.fmean(clean[s]) for s in sizes)
         if rank == 0:
             record("control after / before import, fastest calls", fastest, target=CONTROL_FACTOR, unit="x")
-            record("control after / before import, mean", mean, target=CONTROL_MEAN_FACTOR, unit="x")
-        for ratio, allowed, which in ((fastest, CONTROL_FACTOR, "its fastest calls"),
-                                      (mean, CONTROL_MEAN_FACTOR, "on average")):
-            if ratio > allowed:
-                raise LabCheckFailed(
-                    f"dist.all_reduce took {ratio:.2f}x longer ({which}, rank {rank}, 1-4 MiB) in turns with your "
-                    f"ring_all_reduce than the same calls just before collectives.py was imported (allowed "
-                    f"{allowed:g}x). Something your module does slows the library's call, the control the grader "
-                    "reads your ring against: leave torch.distributed as it is")
+            record("control after / before import, mean", mean, unit="x")
+        if fastest > CONTROL_FACTOR:
+            raise LabCheckFailed(
+                f"dist.all_reduce took {fastest:.2f}x longer (its fastest calls, rank {rank}, 1-4 MiB) in turns with "
+                f"your ring_all_reduce than the same calls just before collectives.py was imported (allowed "
+                f"{CONTROL_FACTOR:g}x). Something your module does slows the library's call, the control the grader "
+                "reads your ring against: leave torch.distributed as it is")
 
 
 # ----------------------------------------------------------------------------------- sweep.py, run by the grader
-# The submitted sweep.csv was recorded at another moment, whose load the ring/library ratio follows (~1.5x on
-# one machine, more between machines), so it can be held to the grader's ratio only loosely. The program that
+# The submitted sweep.csv was recorded at another moment, whose load the ring/library ratio follows (up to 4x on
+# one machine: RATIO_FACTOR), so it can be held to the grader's ratio only loosely. The program that
 # wrote it can be held tightly: the grader runs it here and times, with its own clock, every ring_all_reduce and
 # dist.all_reduce call the program makes (kit.collectives.sweep_rank). A row and the call it timed see one load,
 # so they must agree closely whatever the machine is doing.
@@ -514,36 +514,32 @@ def test_sweep_reproduced(program, record):
                                                                            _by_size(rows, "library")), unit="x")
 
 
-@pytest.mark.check("cost-model")
-def test_cost_model(learner, remeasure, record):
-    every = _sweep(learner)
-    rows = [r for r in every if r["impl"] == "ring"]
-    sizes, seconds = [r["bytes"] for r in rows], [r["seconds"] for r in rows]
+def _fit(rows) -> tuple[float, float, float]:
+    """(alpha s, beta s/B, median s at 4 MiB) of a sweep's ring rows."""
+    ring = [r for r in rows if r["impl"] == "ring"]
+    sizes, seconds = [r["bytes"] for r in ring], [r["seconds"] for r in ring]
     alpha, beta = kit.fit_alpha_beta(sizes, seconds)
-    points = kit.medians(sizes, seconds)
+    return alpha, beta, kit.medians(sizes, seconds)[4 * MIB]
+
+
+@pytest.mark.check("cost-model")
+def test_cost_model(learner, program, record):
+    alpha, beta, big_t = _fit(_sweep(learner))
     if alpha <= 0 or beta <= 0:
         raise LabCheckFailed(
             f"the alpha-beta fit of sweep.csv's ring rows gives alpha = {alpha * 1e6:.3g} us, beta = "
             f"{beta * 1e9:.3g} ns/B; both must be positive (a fixed cost per call, a cost per byte). Re-run the "
             "sweep on a quieter machine with more repetitions per size")
-    # the grader's re-measure as a target, carried to the sweep's load by the control: times scaled by how much
-    # slower (or faster) the library ran in the sweep than in this grade
-    ours_ring, ours_library = remeasure
-    library = _by_size(every, "library")
-    load = (sum(statistics.fmean(library[s]) for s in BANDWIDTH_BOUND)
-            / sum(statistics.fmean(ours_library[s]) for s in BANDWIDTH_BOUND))
-    ours = {s: statistics.median(ts) * load for s, ts in ours_ring.items()}
-    ours_alpha, ours_beta = kit.fit_alpha_beta(list(ours), list(ours.values()))
-    big = 4 * MIB
-    algbw = kit.algbw_gbps(big, points[big])
-    busbw = kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, points[big])
-    record("alpha", alpha * 1e6, target=ours_alpha * 1e6, unit="us", target_is="re-measured")
-    record("beta", beta * 1e9, target=ours_beta * 1e9, unit="ns/B", target_is="re-measured")
-    record("crossover", alpha / beta, target=ours_alpha / ours_beta if ours_beta > 0 else None, unit="B",
-           target_is="re-measured")
-    record("algbw 4 MiB", algbw, target=kit.algbw_gbps(big, ours[big]), unit="GB/s", target_is="re-measured")
-    record("busbw 4 MiB", busbw, target=kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, ours[big]),
-           unit="GB/s", target_is="re-measured")
+    # beside each figure, the same figure of the sweep the grader ran and watched in this grade (sweep-reproduced
+    # credited it): another moment, so a guide to the machine, not a bound
+    here_alpha, here_beta, here_t = _fit(kit.parse_sweep(program.outputs[0]["csv"]))
+    big, here = 4 * MIB, {"target_is": "sweep.py run here"}
+    record("alpha", alpha * 1e6, target=here_alpha * 1e6, unit="us", **here)
+    record("beta", beta * 1e9, target=here_beta * 1e9, unit="ns/B", **here)
+    record("crossover", alpha / beta, target=here_alpha / here_beta if here_beta > 0 else None, unit="B", **here)
+    record("algbw 4 MiB", kit.algbw_gbps(big, big_t), target=kit.algbw_gbps(big, here_t), unit="GB/s", **here)
+    record("busbw 4 MiB", kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, big_t),
+           target=kit.busbw_gbps("all_reduce", SWEEP_WORLD, big, here_t), unit="GB/s", **here)
 
 
 # ------------------------------------------------------------------------------------- two GPUs, NCCL (unverified
