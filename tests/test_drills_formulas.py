@@ -19,7 +19,7 @@ from torch import nn
 
 from infracourse.course import Course
 from infracourse.drills import audit, content, engine, measured
-from infracourse.kit.sharding import largest_model_that_fits, memory_per_device
+from infracourse.grading.zero_memory import largest_model_that_fits, memory_per_device
 
 SEEDS = range(8)
 DTYPES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}

@@ -63,6 +63,11 @@ VARIANTS = {
     "ZeRO-1 forgets the all-gather": ("zero1-matches-adamw", {"zero1.py": replace_once(
         "        dist.all_gather_into_tensor(flat, mine.clone())  # every rank gets every updated shard\n", "")}),
     "every rank keeps the full optimizer state": ("zero1-state-sharded", {"zero1.py": FULL_STATE}),
+    # issue 29 class 3 (found by a solution written from the handout alone): the judge's formula handed back. It
+    # lived in kit.sharding, which the sandbox mounts for the ranks; now it is grading.zero_memory, and the memory
+    # checks read the sources, where importing the engine outside the kit is refused
+    "the memory model returns the judge's formula": ("memory-largest-fits", {"memory_model.py": lambda _: (
+        "from infracourse.grading.zero_memory import largest_model_that_fits, memory_per_device  # noqa: F401\n")}),
     "fp32 gradients counted under mixed precision": ("memory-exact", {"memory_model.py": replace_once(
         '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 4, 12)')}),
     # the blocks run as usual; the checkpoint's result is what is returned, but everything was saved anyway

@@ -1,7 +1,7 @@
 """Course references for week 13 (ZeRO and FSDP): exact per-device memory accounting, the unsharded AdamW run the
 sharded ones must equal, and the in-rank measurements the grader relies on.
 
-Memory convention (the handout states it; `memory_per_device` is the judge's formula):
+Memory convention (the handout states it; the judge's formula is grading.zero_memory, out of learner code's reach):
   P parameters, N devices (world), stage 0 (plain data parallelism), 1 (optimiser states sharded), 2 (+ gradients),
   3 (+ parameters). A sharded quantity is split over a flat buffer padded to N * ceil(P / N) elements, so every
   device holds ceil(P / N) elements of it; an unsharded one holds all P.
@@ -34,33 +34,6 @@ STAGES = (0, 1, 2, 3)
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.99), 1e-8, 0.1
 ZERO_STEPS, FSDP_STEPS, PER_RANK_BATCH = 10, 4, 4
 WIDTH, DEPTH, OUT = 16, 6, 5
-
-
-def memory_per_device(params: int, world: int, stage: int, precision: str) -> dict[str, int]:
-    """Bytes each device holds for parameters, gradients and optimiser states (the convention above)."""
-    if precision not in PRECISIONS or stage not in STAGES or world < 1 or params < 0:
-        raise ValueError(f"no memory model for params={params}, world={world}, stage={stage}, {precision!r}")
-    p_bytes, g_bytes, o_bytes = PRECISIONS[precision]
-    shard = -(-params // world)
-    out = {"params": (shard if stage >= 3 else params) * p_bytes,
-           "grads": (shard if stage >= 2 else params) * g_bytes,
-           "optimizer": (shard if stage >= 1 else params) * o_bytes}
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
-
-
-def largest_model_that_fits(memory_bytes: int, world: int, stage: int, precision: str) -> int:
-    """The largest parameter count whose total per-device bytes are at most `memory_bytes` (0 if none)."""
-    lo, hi = 0, 1
-    while memory_per_device(hi, world, stage, precision)["total"] <= memory_bytes:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # total(lo) fits, total(hi) does not; total never decreases as params grows
-        mid = (lo + hi) // 2
-        if memory_per_device(mid, world, stage, precision)["total"] <= memory_bytes:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 # ----------------------------------------------------------------------------------------------- the workload
