@@ -3,6 +3,9 @@ this machine, and a wrong variant fails the check meant to catch it. (Grading ti
 docs/grading-times.md, not a timed assertion: a loaded CI machine must not turn it into a flaky failure.)"""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 
 def assert_solution_passes(grade_lab, machine, week: str, edits: dict | None = None, track: str | None = None) -> dict:
     """The solution (or, with `edits`, an honest variant of it) completes the week: every check passed or,
@@ -29,3 +32,25 @@ def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict, track
     assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
     assert not result.complete
     return checks[check_id]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ENVIRONMENT = re.compile(r"^## Environment\n.*?(?=^## )", re.MULTILINE | re.DOTALL)
+
+
+def with_stamped_environment(report: str):
+    """An edit: `report` with the Environment section grade_lab stamped into the lab's own report (this machine);
+    a report written elsewhere names that machine, which the report check refuses here."""
+    return lambda stamped: ENVIRONMENT.sub(lambda _: ENVIRONMENT.search(stamped).group(0), report, count=1)
+
+
+def handout_solution(week: str) -> dict:
+    """Edits replacing the solution's files with tests/fixtures/<week>-handout/: a solution written by someone who
+    read only the handout, the starter, lab.yaml and the kit modules it names, never the reference (issue 29).
+    Its report keeps its own words and figures, under this machine's Environment section."""
+    folder = FIXTURES / f"{week}-handout"
+    edits = {str(p.relative_to(folder)): p.read_bytes() if p.suffix == ".png" else p.read_text()
+             for p in sorted(folder.rglob("*")) if p.is_file()}
+    if "report.md" in edits:
+        edits["report.md"] = with_stamped_environment(edits["report.md"])
+    return edits

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution
 from reportproof import invented
 
 pytestmark = pytest.mark.slow
@@ -106,3 +106,10 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine):
                   replace_once("zero1_comm_share: 0.77", "zero1_comm_share: 0.95"))
     edits["report.md"] = lambda text: comm(saved(world3(text)))
     assert_solution_passes(grade_lab, machine, "week13", edits=edits)
+
+
+@pytest.mark.slow
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
+    modules it names (tests/fixtures/week13-handout): the handout suffices and the grader takes another style."""
+    assert_solution_passes(grade_lab, machine, "week13", edits=handout_solution("week13"))

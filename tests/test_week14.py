@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution
 from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week14-honest"
@@ -212,3 +212,10 @@ def test_a_restarted_rank_that_aborts_fails_after_a_second_run(grade_lab):
     assert checks["recovery-params"].status == "failed", checks["recovery-params"].message
     assert "SIGABRT" in checks["recovery-params"].message, checks["recovery-params"].message
     assert "launched twice" in checks["recovery-params"].message, checks["recovery-params"].message
+
+
+@pytest.mark.slow
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
+    modules it names (tests/fixtures/week14-handout): the handout suffices and the grader takes another style."""
+    assert_solution_passes(grade_lab, machine, "week14", edits=handout_solution("week14"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, not_passed
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
@@ -466,3 +466,11 @@ def test_floored_figures_say_they_are_the_stand_in(monkeypatch):
         sys.modules.pop("test_outputs", None)
     serving = {name: kw for name, kw in figures.items() if name != "cpu contention (grader)"}
     assert len(serving) >= 12 and all(kw.get("source") == "cpu-stand-in" for kw in serving.values()), figures
+
+
+@pytest.mark.slow
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """engine.py, server.py and bench.py by someone who read only the handout, the starter, lab.yaml and the kit
+    modules it names (tests/fixtures/week17-handout), with the records.json and matrix/ that bench.py wrote against
+    that server and the figures block it printed (the report's prose is the lab's: it never failed)."""
+    assert_solution_passes(grade_lab, machine, "week17", edits=handout_solution("week17"))

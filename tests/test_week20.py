@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, not_passed
+from labproof import assert_solution_passes, handout_solution, not_passed
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
@@ -137,3 +137,10 @@ def test_kit_probe_drives_a_bucket_on_the_fake_clock():
     got = sk.probe_bucket(limiter.TokenBucket, 4.0, 3, [(0.0, 5), (0.25, 2), (0.0, 0, "retry"), (0.0, 1), (10.0, 9)])
     assert [g["admitted"] for g in got] == [3, 1, 0, 1, 3]
     assert got[1]["retry_after"] == pytest.approx(0.25) and got[2]["t"] == pytest.approx(0.5 + 1e-9)
+
+
+@pytest.mark.slow
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
+    modules it names (tests/fixtures/week20-handout): the handout suffices and the grader takes another style."""
+    assert_solution_passes(grade_lab, machine, "week20", edits=handout_solution("week20"))
