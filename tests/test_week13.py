@@ -109,6 +109,7 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine):
 
 
 @pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
 def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
     """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
     modules it names (tests/fixtures/week13-handout): the handout suffices and the grader takes another style."""

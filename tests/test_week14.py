@@ -215,6 +215,7 @@ def test_a_restarted_rank_that_aborts_fails_after_a_second_run(grade_lab):
 
 
 @pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
 def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
     """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
     modules it names (tests/fixtures/week14-handout): the handout suffices and the grader takes another style."""

@@ -469,6 +469,7 @@ def test_floored_figures_say_they_are_the_stand_in(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
 def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
     """engine.py, server.py and bench.py by someone who read only the handout, the starter, lab.yaml and the kit
     modules it names (tests/fixtures/week17-handout), with the records.json and matrix/ that bench.py wrote against

@@ -140,6 +140,7 @@ def test_kit_probe_drives_a_bucket_on_the_fake_clock():
 
 
 @pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
 def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
     """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
     modules it names (tests/fixtures/week20-handout): the handout suffices and the grader takes another style."""

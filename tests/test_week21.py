@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, not_passed
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
@@ -270,3 +270,12 @@ def test_a_capacity_json_without_its_evidence_fails_naming_the_fix(monkeypatch, 
     with pytest.raises(LabCheckFailed) as caught:
         judge.capacity_point(learner, data["capacity_requests_per_s"])
     assert says in str(caught.value) and "capacity.json" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """gateway.py, diagnose.py, sweep.py, the Dockerfile and k8s/deployment.yaml by someone who read only the
+    handout, the starter, lab.yaml and the kit modules it names (tests/fixtures/week21-handout), with the
+    capacity.json its sweep.py wrote serving that gateway and its report in its own words."""
+    assert_solution_passes(grade_lab, machine, "week21", edits=handout_solution("week21"))

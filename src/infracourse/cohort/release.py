@@ -5,8 +5,9 @@ caches and build output), less:
   1. every `labs/*/solution/` file;
   2. test files (`tests/**/test_*.py`) that hold a solution: the instructor's proofs of the graders quote
      the reference code to build wrong variants from it. Each is listed in RELEASE.json with its reason;
-  3. the honest solutions the proofs grade (any file below a `tests/` folder named `honest` or `*-honest`):
-     whole working answers in other styles than the reference, which no content check would recognise.
+  3. the honest solutions the proofs grade (any file below a `tests/` folder named `honest`, `*-honest` or
+     `*-handout`, the last written from the handout alone): whole working answers in other styles than the
+     reference, which no content check would recognise.
 Anything else that holds a solution stops the release with an error naming the file and the line.
 "Holds a solution" is checked by content, whatever the file is called:
   - whole files: the sha256 of every solution file (unless the starter has the same bytes: not a secret);
@@ -190,9 +191,10 @@ def _is_solution_path(rel: str) -> bool:
 
 
 def is_honest_solution(rel: str) -> bool:
-    """A file of tests/**/honest/** or tests/**/*-honest/**: a learner's answer written for a lab proof."""
+    """A file of tests/**/honest/**, tests/**/*-honest/** or tests/**/*-handout/** (written from the handout
+    alone): a learner's answer written for a lab proof."""
     parts = rel.split("/")
-    return parts[0] == "tests" and any(p == "honest" or p.endswith("-honest") for p in parts[1:-1])
+    return parts[0] == "tests" and any(p == "honest" or p.endswith(("-honest", "-handout")) for p in parts[1:-1])
 
 
 def _is_test(rel: str) -> bool:

@@ -394,19 +394,10 @@ def kill_and_clock(server: Server, victim: dict, *, after_s: float, window_s: fl
 
 
 def restart_at_rest(kill: dict) -> float | None:
-    """A restart's time as an idle machine gives it, read right when the new service answered /health: the time
-    from the kill to the new process's creation (the supervisor noticing and starting it) plus the CPU seconds
-    that process used until then (its interpreter, imports and model). On a loaded CPU the wall time stretches
-    with the processes it waits behind (1.1 s idle, 6-12 s under 3-4 grades on 2 cores); these CPU seconds do
-    not, so a report's figure, measured at the learner's own time, is held against this one (the same verdict
-    whatever the load). None if the process is already gone."""
-    import psutil
+    """kit.platform_service.restart_at_rest_s of a kill_and_clock record, read right when the new service
+    answered /health: a report's figure, measured at the learner's own time with the same function, is held
+    against this one (the same verdict whatever the load). None if the process is already gone."""
+    from infracourse.kit.platform_service import restart_at_rest_s  # why: week 21's service kit, loaded by its checks only
 
-    try:
-        proc = psutil.Process(kill["new"]["pid"])
-        cpu = proc.cpu_times()
-        created = proc.create_time()
-    except psutil.Error:
-        return None
     killed_at = time.time() - (time.perf_counter() - kill["killed"])  # the kill, on the epoch clock
-    return max(0.0, created - killed_at) + cpu.user + cpu.system
+    return restart_at_rest_s(kill["new"]["pid"], killed_at)
