@@ -2,6 +2,7 @@
 the load matrix (kit.load_matrix): closed- and open-loop cells, raw records per cell, and the check that finds a
 skipped cell or a figure its records do not give."""
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -197,6 +198,15 @@ def test_load_problems_tell_a_run_under_another_load(tmp_path):
     assert "off its arrival time" in load_problems(runs[one], opened, seed=5)[0]
     # the open cell's records with the wrong seed: other arrival times
     assert "off its arrival time" in load_problems(runs[opened], opened, seed=6)[0]
+    # a busy machine's straggler: one request of the eight sent 120 ms late passes; sent early, or two late, do not
+    def shifted(records, by: dict):
+        return [dataclasses.replace(r, send_time=r.send_time + by.get(i, 0.0),
+                                    chunk_times=[t + by.get(i, 0.0) for t in r.chunk_times])
+                for i, r in enumerate(records)]
+    assert load_problems(shifted(runs[opened], {3: 0.12}), opened, seed=5) == []
+    assert "off its arrival time" in load_problems(shifted(runs[opened], {3: -0.12}), opened, seed=5)[0]
+    assert "off its arrival time" in load_problems(shifted(runs[opened], {3: 0.12, 5: 0.12}), opened, seed=5)[0]
+    assert "off its arrival time" in load_problems(shifted(runs[opened], {3: 0.31}), opened, seed=5)[0]
     # a failed request ends at its send: fewer in flight than the users is then no proof of another load
     failed = [RequestRecord(8, r.send_time, [], 0, False, "HTTP 503") if i else r for i, r in enumerate(runs[four])]
     assert in_flight_peak(failed) < 4 and load_problems(failed, four, seed=3) == []

@@ -177,8 +177,9 @@ def load_problems(records: Sequence[RequestRecord], cell: LoadCell, *, seed: int
     when nothing). Closed loop: never more than `concurrency` requests in flight, and exactly that many when
     every request succeeded (the first `concurrency` are sent at once). Open loop: each request sent on the
     arrival clock of arrival_offsets(seed): its send time less its planned arrival is the same for every request
-    within spread_s (a busy event loop sends a little late; a closed loop sends when a slot frees, all at once
-    sends them early)."""
+    within spread_s, but for one in ten sent late by up to 3 x spread_s: a busy machine sends a request late now
+    and then (122 ms once, at load 11 on 2 cores), never early; a closed loop sends early where slots free sooner
+    than arrivals come, all at once sends them early, and another seed's arrivals are off both ways."""
     if not records:
         return [f"no records: a cell of {cell.requests} requests"]
     if cell.loop == "closed":
@@ -190,12 +191,16 @@ def load_problems(records: Sequence[RequestRecord], cell: LoadCell, *, seed: int
     planned = arrival_offsets(len(records), cell.rate, cell.burstiness, seed=seed)
     offset = [r.send_time - at for r, at in zip(records, planned)]
     typical = float(np.median(offset))
-    worst = max(range(len(records)), key=lambda i: abs(offset[i] - typical))
-    if max(offset) - min(offset) > spread_s:
-        return [f"request {worst} was sent {(offset[worst] - typical) * 1000:+.0f} ms off its arrival time "
-                f"({planned[worst] * 1000:.0f} ms after the first, arrival_offsets with seed {seed}), the others "
-                f"within {spread_s * 1000:.0f} ms of theirs: an open loop sends on the arrival clock whatever the "
-                "server does"]
+    off = [o - typical for o in offset]
+    worst = max(range(len(records)), key=lambda i: abs(off[i]))
+    late = sum(o > spread_s for o in off)
+    allowed = max(1, len(records) // 10)
+    if min(off) < -spread_s or late > allowed or max(off) > 3 * spread_s:
+        return [f"request {worst} was sent {off[worst] * 1000:+.0f} ms off its arrival time "
+                f"({planned[worst] * 1000:.0f} ms after the first, arrival_offsets with seed {seed}); an open loop "
+                f"sends every request within {spread_s * 1000:.0f} ms of its arrival time (a busy machine may send "
+                f"{allowed} of {len(records)} late, by at most {3 * spread_s * 1000:.0f} ms, never early) whatever "
+                "the server does"]
     return []
 
 
