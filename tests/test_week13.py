@@ -63,11 +63,6 @@ VARIANTS = {
     "ZeRO-1 forgets the all-gather": ("zero1-matches-adamw", {"zero1.py": replace_once(
         "        dist.all_gather_into_tensor(flat, mine.clone())  # every rank gets every updated shard\n", "")}),
     "every rank keeps the full optimizer state": ("zero1-state-sharded", {"zero1.py": FULL_STATE}),
-    # issue 29 class 3 (found by a solution written from the handout alone): the judge's formula handed back. It
-    # lived in kit.sharding, which the sandbox mounts for the ranks; now it is grading.zero_memory, and the memory
-    # checks read the sources, where importing the engine outside the kit is refused
-    "the memory model returns the judge's formula": ("memory-largest-fits", {"memory_model.py": lambda _: (
-        "from infracourse.grading.zero_memory import largest_model_that_fits, memory_per_device  # noqa: F401\n")}),
     "fp32 gradients counted under mixed precision": ("memory-exact", {"memory_model.py": replace_once(
         '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 4, 12)')}),
     # the blocks run as usual; the checkpoint's result is what is returned, but everything was saved anyway
@@ -114,3 +109,19 @@ def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
     """Every file the learner writes, by someone who read only the handout, the starter, lab.yaml and the kit
     modules it names (tests/fixtures/week13-handout): the handout suffices and the grader takes another style."""
     assert_solution_passes(grade_lab, machine, "week13", edits=handout_solution("week13"))
+
+
+@pytest.mark.slow
+def test_the_judges_memory_formula_is_out_of_the_learners_reach(grade_lab):
+    """Found by a solution written from the handout alone: kit.sharding, which the sandbox mounts for the ranks,
+    held the judge's formula, so a memory_model.py could import it and return the judge's own answers. It is now
+    graders/week13/week13_judging.py, which the sandbox never mounts; and since the checks' answers are plain
+    numbers, no watched call read the sources, so the memory checks now refuse an import of the engine itself."""
+    formula = "from week13_judging import largest_model_that_fits, memory_per_device  # noqa: F401\n"
+    _, checks = grade_lab("week13", edits={"memory_model.py": formula}, checks=["memory-exact"])
+    assert checks["memory-exact"].status != "passed" and "does not import" in checks["memory-exact"].message, \
+        (checks["memory-exact"].status, checks["memory-exact"].message)
+    engine = "from infracourse.grading import estimate  # noqa: F401\n" + (
+        Path(__file__).parent.parent / "labs" / "week13-zero-fsdp" / "solution" / "memory_model.py").read_text()
+    check = assert_variant_fails(grade_lab, "week13", "memory-largest-fits", {"memory_model.py": engine})
+    assert "the grader's modules are off limits" in check.message, check.message

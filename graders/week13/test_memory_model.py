@@ -1,5 +1,5 @@
 """Week 13 memory model: the learner's per-device bytes against the course's exact formula
-(infracourse.grading.zero_memory.memory_per_device), on fixed and seeded parameter counts, world sizes, stages and
+(week13_judging.memory_per_device), on fixed and seeded parameter counts, world sizes, stages and
 precisions; then the largest model that fits a device's memory."""
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import random
 
 import pytest
 
-from infracourse.grader import LabCheckFailed
-from infracourse.grading.provenance import require_clean_sources
-from infracourse.grading.zero_memory import largest_model_that_fits, memory_per_device
+from infracourse.grader import LabCheckFailed, require_clean_sources
 from infracourse.kit.sharding import PRECISIONS, STAGES
+from week13_judging import largest_model_that_fits, memory_per_device
 
 KEYS = ("params", "grads", "optimizer", "total")
 CONVENTION = ("the handout's convention: fp32 = 4 B params, 4 B grads, 8 B AdamW moments per parameter; bf16-mixed "
@@ -29,7 +28,7 @@ def cases(seed: int) -> list[tuple[int, int, int, str]]:
 @pytest.fixture(scope="module")
 def mm(learner):
     # the answers are plain numbers, so no watched call reads the sources: read them here, or a memory_model.py
-    # that hands back the judge's own formula (grading.zero_memory, importable where the engine is) would pass
+    # that imported the judge's engine (infracourse.grading, importable where the engine is) could pass
     require_clean_sources(learner.root)
     return learner.module("memory_model")
 

@@ -1,7 +1,8 @@
 """Course references for week 13 (ZeRO and FSDP): exact per-device memory accounting, the unsharded AdamW run the
 sharded ones must equal, and the in-rank measurements the grader relies on.
 
-Memory convention (the handout states it; the judge's formula is grading.zero_memory, out of learner code's reach):
+Memory convention (the handout states it; the judge's formula is graders/week13/week13_judging.py, out of
+learner code's reach):
   P parameters, N devices (world), stage 0 (plain data parallelism), 1 (optimiser states sharded), 2 (+ gradients),
   3 (+ parameters). A sharded quantity is split over a flat buffer padded to N * ceil(P / N) elements, so every
   device holds ceil(P / N) elements of it; an unsharded one holds all P.

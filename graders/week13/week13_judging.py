@@ -1,8 +1,9 @@
 """The judge's per-device memory of ZeRO / FSDP training (week 13's memory_model.py is graded against it).
 
-Judge side only: learner code may import only infracourse.kit (grading.forbidden), so a memory_model.py cannot
-hand back this formula's answers instead of computing its own. The convention it follows is the handout's and
-kit.sharding's docstring: P parameters, N devices, stage 0-3, a sharded quantity padded to N * ceil(P / N).
+Judge side only: the graders' folder is never mounted in the sandbox, so a memory_model.py cannot import this
+formula and hand back its answers instead of computing its own (in kit.sharding, which the ranks need, it could).
+The convention it follows is the handout's and kit.sharding's docstring: P parameters, N devices, stage 0-3, a
+sharded quantity padded to N * ceil(P / N).
 """
 from __future__ import annotations
 
