@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +125,11 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
 @pytest.mark.parametrize("name", ["exitstack_drop_last.py"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, name):
     assert_solution_passes(grade_lab, machine, "week12", edits={"train_ddp.py": (HONEST / name).read_text()})
+
+
+@pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """train_ddp.py (and its report, from its own runs): by someone who read only the handout, the starter, lab.yaml and
+    the kit modules it names (tests/fixtures/week12-handout), never the reference or the graders."""
+    assert_solution_passes(grade_lab, machine, "week12", edits=handout_solution("week12"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, not_passed
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
@@ -142,3 +142,12 @@ def test_roofline_turns_compute_bound_where_the_formulas_meet():
     assert below["intensity"] < short["ridge"] <= at["intensity"] and at["bound"] == "compute"
     assert at["intensity"] == decode_flops(cfg, b, 136) / decode_bytes(cfg, b, 136, torch.bfloat16)
     assert roofline(cfg, 16, 1032, torch.bfloat16, copy_gbps=3000, tflops=700)["crossover_batch"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """kv_cache.py and measure.py (and its report, from its own measure.py): by someone who read only the handout, the
+    starter, lab.yaml and the kit modules it names (tests/fixtures/week15-handout), never the reference or the
+    graders."""
+    assert_solution_passes(grade_lab, machine, "week15", edits=handout_solution("week15"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, not_passed
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
 from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week16-honest"
@@ -183,3 +183,12 @@ def test_paged_generation_keeps_its_pool_where_the_model_runs():
     assert {t.device for t in (*gen.k_caches, *gen.v_caches, *gen.model.parameters())} == {torch.device("cpu")}
     prompt = list(range(5, 18))
     assert gen.generate("a", prompt, 5).tokens == greedy_generate(gen.model, prompt, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """paged.py and trace.yaml (and its report, from the starter's bench.py on that paged.py): by someone who read only
+    the handout, the starter, lab.yaml and the kit modules it names (tests/fixtures/week16-handout), never the
+    reference or the graders."""
+    assert_solution_passes(grade_lab, machine, "week16", edits=handout_solution("week16"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import replace_once
-from labproof import assert_solution_passes, not_passed
+from labproof import assert_solution_passes, handout_solution, not_passed
 from reportproof import invented, reworded
 
 HONEST = Path(__file__).parent / "fixtures" / "week18-honest"
@@ -281,3 +281,12 @@ def test_held_tensors_finds_what_state_dict_does_not_show():
     model[1].tied = model[0].weight.detach()          # a plain tensor on the same storage
     assert held_bytes(held_tensors(model))["bytes"] == base + 400 + 16 * 16 * 4
     assert sum(t.numel() for t in model.state_dict().values()) * 4 == base
+
+
+@pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """quant.py, speculative.py, engine.py and measure.py (with a fix to the starter's overload loop), the starter's
+    server.py, and its report from its own measure.py: by someone who read only the handout, the starter,
+    lab.yaml and the kit modules it names (tests/fixtures/week18-handout), never the reference or the graders."""
+    assert_solution_passes(grade_lab, machine, "week18", edits=handout_solution("week18"))

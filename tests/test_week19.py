@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, not_passed
+from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
 from reportproof import invented, reworded
 
 from infracourse.kit import datapipe
@@ -143,3 +143,12 @@ def test_a_cache_that_serves_stale_bytes_fails_naming_the_shard(grade_lab, name)
     check = assert_variant_fails(grade_lab, "week19", "cache-hits", {"cache.py": STALE_CACHES[name]})
     assert "epoch 2, after the judge rewrote shard-" in check.message, check.message
     assert "stale" in check.message or "no longer match the new manifest" in check.message, check.message
+
+
+@pytest.mark.slow
+@pytest.mark.solutions  # a learner release leaves the handout solutions out
+def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
+    """every module of the pipeline and experiment.py, with the run.json that experiment.py wrote and its report: by
+    someone who read only the handout, the starter, lab.yaml and the kit modules it names
+    (tests/fixtures/week19-handout), never the reference or the graders."""
+    assert_solution_passes(grade_lab, machine, "week19", edits=handout_solution("week19"))
