@@ -50,7 +50,8 @@ def main():
     real = sum(t.numel() * t.element_size() for t in cache.tensors())
     tokens = cache.tensors()[0].shape[2]
     print(f"cache: {tokens} tokens, {real} bytes in its tensors, formula {kv_bytes(CFG, tokens, torch.float32)}")
-    print(f"prefill_ms: {prefill * 1e3:.3g}\ndecode_ms_per_token: {decode * 1e3:.3g}\nkv_cache_bytes: {real}")
+    print(f"```yaml figures\nprefill_ms: {prefill * 1e3:.3g}\ndecode_ms_per_token: {decode * 1e3:.3g}\n"
+          f"kv_cache_bytes: {real}\n```")
 
 
 if __name__ == "__main__":
