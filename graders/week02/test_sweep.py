@@ -223,7 +223,9 @@ def test_resources(sweep, record):
     total_mb = psutil.virtual_memory().total / 2**20
     for row in rows.values():
         cpu, rss = float(row["cpu_percent"]), float(row["rss_mb"])
-        if not 0 <= cpu <= 100 * cores:
+        # 0.01 % either side: a difference of two float CPU-time sums rounds past 0 (an honest style's idle row
+        # came -2.9e-07, once in a full suite)
+        if not -0.01 <= cpu <= 100 * cores + 0.01:
             raise LabCheckFailed(f"row {_label(row)}: cpu_percent {cpu} is outside 0..{100 * cores}")
         # The grader reads the training process's resident memory itself (after the sweep): the row's figure,
         # that process plus its loader workers, holds at least half of it and at most a few copies per process.
