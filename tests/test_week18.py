@@ -286,7 +286,7 @@ def test_held_tensors_finds_what_state_dict_does_not_show():
 @pytest.mark.slow
 @pytest.mark.solutions  # a learner release leaves the handout solutions out
 def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
-    """quant.py, speculative.py, engine.py and measure.py (with a fix to the starter's overload loop), the starter's
-    server.py, and its report from its own measure.py: by someone who read only the handout, the starter,
+    """quant.py, speculative.py, engine.py and measure.py (with a fix to the starter's overload loop; server.py is
+    given, unchanged), and its report from its own measure.py: by someone who read only the handout, the starter,
     lab.yaml and the kit modules it names (tests/fixtures/week18-handout), never the reference or the graders."""
     assert_solution_passes(grade_lab, machine, "week18", edits=handout_solution("week18"))

@@ -204,20 +204,8 @@ def grade_rank(seed: int, cases: list[dict], timed_sizes: list[int], warmup: int
                                               and not torch.equal(mine, x))})
     if "all_reduce" in failed:
         timed_sizes = []
-    timed = _time_in_turns(learner.ring_all_reduce, library, clock, untouched, timed_sizes, device, warmup, reps)
-    return {"rank": rank, "world_size": world, "cases": results, "clean_control": clean, **timed}
-
-
-def _time_in_turns(ring, library, clock, untouched: dict, sizes: list[int], device: str, warmup: int,
-                   reps: int) -> dict:
-    """`ring` and the library's all-reduce timed in turns, call by call, on one random fp32 tensor per size:
-    {"timings": ring samples, "control": library samples, "timed_error": the ring's answer against the
-    library's, "control_replaced": functions on the control's path that changed since `untouched`}."""
-    import torch
-    import torch.distributed as dist
-
     timings, control, timed_error, replaced = {}, {}, {}, set()
-    for nbytes in sizes:
+    for nbytes in timed_sizes:
         x = torch.randn(nbytes // 4, device=device)
         samples: dict[str, list[float]] = {"ring": [], "library": []}
         error, scale = 0.0, 0.0
@@ -225,7 +213,7 @@ def _time_in_turns(ring, library, clock, untouched: dict, sizes: list[int], devi
             answers = {}
             for impl in SWEEP_IMPLS:  # in turns, call by call: one load slows both
                 y = x.clone()
-                seconds, returned = _timed(ring if impl == "ring" else library, y, clock, device,
+                seconds, returned = _timed(learner.ring_all_reduce if impl == "ring" else library, y, clock, device,
                                            scope=f"timed {impl} {nbytes}")
                 if rep >= warmup:
                     samples[impl].append(seconds)
@@ -233,12 +221,13 @@ def _time_in_turns(ring, library, clock, untouched: dict, sizes: list[int], devi
                 answers[impl] = returned if impl == "ring" and isinstance(returned, torch.Tensor) else y
             replaced |= {name for name, fn in _control_path(dist).items() if fn is not untouched[name]}
             # what was timed is what is checked: the ring's answer on the timed tensor against the library's
-            got, want = answers["ring"], answers["library"]
-            error = max(error, float((got - want).abs().max()) if got.shape == want.shape else math.inf)
+            ring, want = answers["ring"], answers["library"]
+            error = max(error, float((ring - want).abs().max()) if ring.shape == want.shape else math.inf)
             scale = max(scale, float(want.abs().max()))
         timings[int(nbytes)], control[int(nbytes)] = samples["ring"], samples["library"]
         timed_error[int(nbytes)] = {"max_abs_error": error, "max_abs": scale}
-    return {"timings": timings, "control": control, "timed_error": timed_error, "control_replaced": sorted(replaced)}
+    return {"rank": rank, "world_size": world, "cases": results, "timings": timings, "control": control,
+            "clean_control": clean, "timed_error": timed_error, "control_replaced": sorted(replaced)}
 
 
 def sweep_rank(script: str = "sweep.py", module: str = "collectives") -> dict:
