@@ -72,9 +72,31 @@ class Recovery:
     #                                                           caught_up, finished
     lines: list[dict] = field(default_factory=list)           # rank 0's step lines, in order
     note: str = ""
+    # (time.time(), CPU seconds) of the restarted world's rank 0, sampled by the judge at each poll of its log
+    cpu: list[tuple[float, float]] = field(default_factory=list)
+    redone: int = 0                      # step lines the restarted world wrote up to its catch-up line
 
     def where(self) -> str:
         return f"(seed {self.seed}, rank 1 killed after rank 0 logged step {self.kill_step})"
+
+    def cpu_at(self, when: float) -> float | None:
+        """The CPU seconds the restarted rank 0 had used by `when`: its first sample at or after it (the judge
+        samples every 5 ms, so a few ms of CPU over), else its last; None if it was never sampled."""
+        after = [used for at, used in self.cpu if at >= when]
+        return after[0] if after else (self.cpu[-1][1] if self.cpu else None)
+
+    def at_rest(self, since: float, until: float) -> float | None:
+        """From `since` to `until` (until: a moment of the restarted world) as an idle machine gives it: the
+        judge's wall time from `since` to seeing the new ranks started, plus the CPU seconds the new rank 0 had
+        used by `until` (its interpreter, torch, the process group, the reload, the steps), plus step_seconds
+        for each step it redid by then (sleep, standing for compute). On a busy machine the wall time of the
+        restart stretches with whatever it waits behind (1.7 s quiet, 10 s at load 11 on 2 cores); this does
+        not, so a figure measured under one load and graded under another still agree."""
+        used = self.cpu_at(until)
+        if used is None or "new_ranks" not in self.seen:
+            return None
+        sleeps = STEP_SECONDS * self.redone if until >= self.seen.get("caught_up", float("inf")) else 0.0
+        return max(0.0, self.seen["new_ranks"] - since) + used + sleeps
 
 
 LOG_READ_LIMIT = 2**20  # rank 0's log of an honest run is a few KiB; the judge, polling it every 5 ms, reads no more
@@ -115,6 +137,16 @@ def _plant(checkpoints: Path, complete: list[int]) -> str:
     return planted.name
 
 
+def _sample_cpu(recovery: Recovery, pid: int) -> None:
+    import psutil
+
+    try:
+        used = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return  # gone: the samples so far stand
+    recovery.cpu.append((time.time(), used.user + used.system))
+
+
 def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
     checkpoints, logs = scratch / "checkpoints", scratch / "logs"
     checkpoints.mkdir(), logs.mkdir()
@@ -142,18 +174,22 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
         recovery.note = (f"rank 0 never logged step {kill_step} in {log.name} while rank 1 was alive, so no rank "
                          "was killed")
     # the judge's clock of the restarted world: its processes (torchrun's agent tears the killed world down,
-    # then starts new ranks), and rank 0's log as it grows
+    # then starts new ranks), and rank 0's log as it grows; and the new rank 0's CPU seconds until it caught up
+    fresh_rank0 = None
     while recovery.killed_at and time.time() < deadline and proc.poll() is None:
         if "new_ranks" not in recovery.seen:
-            live = set(rank_processes(proc).values())
-            now = time.time()
+            ranks = rank_processes(proc)
+            live, now = set(ranks.values()), time.time()
             if "torn_down" not in recovery.seen and not live & old:
                 recovery.seen["torn_down"] = now  # no rank of the killed world is left
             if len(live - old) >= WORLD:
                 recovery.seen.setdefault("torn_down", now)
                 recovery.seen["new_ranks"] = now  # torchrun has started every rank of the new world
+                fresh_rank0 = ranks.get(0) if ranks.get(0) not in old else None
                 if not any(line["restart"] >= 1 for line in _lines(log)):  # not stepped yet, so nothing saved
                     recovery.complete_at_restart = _complete(checkpoints)
+        if fresh_rank0 is not None and "caught_up" not in recovery.seen:
+            _sample_cpu(recovery, fresh_rank0)
         lines = _lines(log)
         reached = max((line["step"] for line in lines if line["restart"] == 0), default=kill_step)
         fresh = [line for line in lines if line["restart"] >= 1]
@@ -161,6 +197,9 @@ def kill_and_restart(learner_dir: Path, seed: int, scratch: Path) -> Recovery:
             recovery.seen["first_step"] = time.time()
         if any(line["step"] >= reached for line in fresh) and "caught_up" not in recovery.seen:
             recovery.seen["caught_up"] = time.time()
+            recovery.redone = next(i for i, line in enumerate(fresh, 1) if line["step"] >= reached)
+            if fresh_rank0 is not None:
+                _sample_cpu(recovery, fresh_rank0)
         time.sleep(0.005)
     recovery.run = collect(proc, scratch=scratch, world_size=WORLD, timeout_s=max(deadline - time.time(), 1),
                            started=started)
