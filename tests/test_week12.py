@@ -1,6 +1,6 @@
 """Week 12 proves its grader: the solution passes, the starter fails saying what to write, each wrong variant
-the issue names fails the check meant for it, and an honest solution in another style
-(tests/fixtures/week12-honest) passes."""
+the issue names fails the check meant for it, and honest solutions in two other styles
+(tests/fixtures/week12-honest, a file per style) pass."""
 from pathlib import Path
 
 import pytest
@@ -122,7 +122,7 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
     assert_variant_fails(grade_lab, "week12", check_id, edits)
 
 
-@pytest.mark.parametrize("name", ["exitstack_drop_last.py"])
+@pytest.mark.parametrize("name", ["exitstack_drop_last.py", "run_object_grouped_microbatches.py"])
 def test_honest_solution_in_another_style_passes(grade_lab, machine, name):
     assert_solution_passes(grade_lab, machine, "week12", edits={"train_ddp.py": (HONEST / name).read_text()})
 
