@@ -1,6 +1,7 @@
 """Week 15 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
-its check, and an honest solution in another style (a cache grown with torch.cat, tests/fixtures/week15-honest)
-passes."""
+its check, and honest solutions in two other styles pass: tests/fixtures/week15-honest (a cache grown with
+torch.cat) and tests/fixtures/week15-b-honest (one slab for every layer's K and V filled with index_copy_, the
+model run as a coroutine, tokens and logits written into preallocated tensors)."""
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
-HONEST = Path(__file__).parent / "fixtures" / "week15-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
@@ -87,9 +88,10 @@ def test_report_in_other_words_passes(grade_lab):
     assert checks["report"].status == "passed", not_passed(checks)
 
 
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
-    assert_solution_passes(grade_lab, machine, "week15",
-                           edits={"kv_cache.py": (HONEST / "kv_cache.py").read_text()})
+@pytest.mark.parametrize("folder", ["week15-honest", "week15-b-honest"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
+    edits = {p.name: p.read_text() for p in (FIXTURES / folder).iterdir() if p.is_file()}
+    assert_solution_passes(grade_lab, machine, "week15", edits=edits)
 
 
 def test_count_work_logs_each_forward_pass():
