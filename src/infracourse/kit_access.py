@@ -18,7 +18,7 @@ ENGINE_DIR = Path(__file__).resolve().parent
 KIT_DIR = ENGINE_DIR / "kit"
 # The engine modules that run inside the sandbox: the worker (and what it imports of the engine), and the
 # driver torchrun starts in every rank.
-WORKER_ENTRIES = ("infracourse.grading.worker", "infracourse.kit.rank_driver")
+WORKER_ENTRIES = ("infracourse.grading.worker", "infracourse.kit.rank_driver", "infracourse.kit.rank_launcher")
 # The runner hands the judge the week's lists; the judge's sandbox reads them (see sandbox.wrap).
 VISIBLE_ENV = "INFRACOURSE_KIT"
 HANDOUT_ENV = "INFRACOURSE_KIT_HANDOUT"
