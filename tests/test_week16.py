@@ -1,7 +1,9 @@
 """Week 16 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
-its check, and an honest solution in another style (blocks with release timestamps, sha256 chained keys, a
-per-sequence loop of index_select and SDPA: tests/fixtures/week16-honest) passes. The last three tests check the
-course's references (kit.paged_reference) without grading."""
+its check, and honest solutions in other styles pass: tests/fixtures/week16-honest (blocks with release
+timestamps, sha256 chained keys, a per-sequence loop of index_select and SDPA) and tests/fixtures/week16-b-honest
+(heaps with lazy deletion for the free pools, sequences that keep only their running hash and partial tail, a
+plan-then-commit allocate, attention as a block-by-block online softmax). The last three tests check the course's
+references (kit.paged_reference) without grading."""
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from conftest import replace_once
 from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
 from reportproof import invented, reworded
 
-HONEST = Path(__file__).parent / "fixtures" / "week16-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTION = Path(__file__).parent.parent / "labs" / "week16-paged-kv" / "solution"
 
 
@@ -109,8 +111,10 @@ def test_report_in_other_words_passes(grade_lab):
 
 
 @pytest.mark.slow
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
-    assert_solution_passes(grade_lab, machine, "week16", edits={"paged.py": (HONEST / "paged.py").read_text()})
+@pytest.mark.parametrize("folder", ["week16-honest", "week16-b-honest"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
+    edits = {p.name: p.read_text() for p in (FIXTURES / folder).iterdir() if p.is_file()}
+    assert_solution_passes(grade_lab, machine, "week16", edits=edits)
 
 
 # --- the course's references (infracourse.kit.paged_reference), without a grade -----------------------------

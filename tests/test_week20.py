@@ -1,7 +1,10 @@
 """Week 20 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check (and only it), and an honest solution in another style
-(tests/fixtures/week20-honest: a GCRA limiter, an asyncio.Queue drained by worker tasks, a middleware that
-logs and counts every answer) passes. Each grade starts the learner's service twice (the judge's phases, and
+wrong variant the issue names fails its own check (and only it), and honest solutions in other styles pass:
+tests/fixtures/week20-honest (a GCRA limiter, an asyncio.Queue drained by worker tasks, a middleware that
+logs and counts every answer) and tests/fixtures/week20-b-honest (a token bucket in exact Fraction arithmetic
+with LRU-forgotten idle clients, the thread pool's own work queue behind a lock-guarded gate, the deadline as a
+race between a loop timer and the pool future's callback, refusals raised as exceptions and answered in one
+place). Each grade starts the learner's service twice (the judge's phases, and
 the clean-copy run of DEPLOY.md's command)."""
 from pathlib import Path
 
@@ -13,7 +16,7 @@ from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
-HONEST = Path(__file__).parent / "fixtures" / "week20-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTION = Path(__file__).parent.parent / "labs" / "week20-service-limits" / "solution"
 SERVER_CHECKS = ("readiness", "rate-limit", "deadline", "bounded-queue", "metrics-agree", "request-logs")
 
@@ -100,9 +103,10 @@ def test_report_in_other_words_passes(grade_lab):
     assert checks["report"].status == "passed", not_passed(checks)
 
 
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
+@pytest.mark.parametrize("folder", ["week20-honest", "week20-b-honest"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
     assert_solution_passes(grade_lab, machine, "week20",
-                           edits={name: (HONEST / name).read_text() for name in ("limiter.py", "server.py")})
+                           edits={name: (FIXTURES / folder / name).read_text() for name in ("limiter.py", "server.py")})
 
 
 def test_kit_reads_prometheus_text_and_counts_overlaps():
