@@ -1,8 +1,12 @@
 """Week 18 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
-its check, and honest solutions in another style (tests/fixtures/week18-honest: scales applied after the matmul,
-a speculative decoder that always drafts k and trims, an engine that cancels queued requests lazily) pass. The
-served checks run the lab's server.py (uvicorn in the sandbox, grading.serving) over each engine. quant-serving's
-load matrix is timed by the judge: a slower Int8Linear moves the int8 figures only."""
+its check, and honest solutions in other styles pass: tests/fixtures/week18-honest (scales applied after the
+matmul, a speculative decoder that always drafts k and trims, an engine that cancels queued requests lazily) and
+tests/fixtures/week18-b-honest (float64 quantisation by the row's inverse step, dequantisation in bounded row
+blocks, a quantize_model that swaps the Linears in through deepcopy's memo; a decoder that writes into one
+preallocated token buffer and finds the batch's accepted prefix column-wise; an engine with an OrderedDict queue
+and a heap of deadlines expired eagerly). The served checks run the lab's server.py (uvicorn in the sandbox,
+grading.serving) over each engine. quant-serving's load matrix is timed by the judge: a slower Int8Linear moves
+the int8 figures only."""
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ from conftest import replace_once
 from labproof import assert_solution_passes, handout_solution, not_passed
 from reportproof import invented, reworded
 
-HONEST = Path(__file__).parent / "fixtures" / "week18-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 # ------------------------------------------------------------------ the kit pieces the judge relies on (fast)
@@ -230,9 +234,10 @@ def test_report_in_other_words_passes(grade_lab):
 
 
 @pytest.mark.slow
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
+@pytest.mark.parametrize("folder", ["week18-honest", "week18-b-honest"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
     assert_solution_passes(grade_lab, machine, "week18",
-                           edits={name: (HONEST / name).read_text() for name in (QUANT, SPEC, ENGINE)})
+                           edits={name: (FIXTURES / folder / name).read_text() for name in (QUANT, SPEC, ENGINE)})
 
 
 @pytest.mark.slow
