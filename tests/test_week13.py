@@ -1,5 +1,5 @@
 """Week 13 proves its grader: the solution passes, the starter fails, each wrong variant the issue names fails
-its check, and an honest solution in another style (tests/fixtures/week13-honest) passes."""
+its check, and honest solutions in two other styles (tests/fixtures/week13-honest and week13-b-honest) pass."""
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ from reportproof import invented
 
 pytestmark = pytest.mark.slow
 
-HONEST = Path(__file__).parent / "fixtures" / "week13-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _edits(*changes):
@@ -86,11 +86,10 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
     assert_variant_fails(grade_lab, "week13", check_id, edits)
 
 
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
-    """Sharded by whole parameters, reduce + broadcast, hand-written AdamW; a closed-form largest model;
-    checkpoint_sequential. Its world-3 ranks are less even (greedy by parameter: 592 of 1,717 elements on the
-    fullest rank), and its report gives its own figures."""
-    edits = {name: (HONEST / name).read_text() for name in ("zero1.py", "memory_model.py", "checkpointing.py")}
+def _first_style_report(text: str) -> str:
+    """tests/fixtures/week13-honest: sharded by whole parameters, reduce + broadcast, hand-written AdamW; a
+    closed-form largest model; checkpoint_sequential. Its world-3 ranks are less even (greedy by parameter: 592
+    of 1,717 elements on the fullest rank), and its report gives its own figures."""
     world3 = replace_once("zero1_state_bytes_per_rank_world3: 4584", "zero1_state_bytes_per_rank_world3: 4736")
     # checkpoint_sequential runs its last segment without checkpointing: that block's insides are saved
     saved = replace_once("saved_activation_bytes_checkpointed: 40960", "saved_activation_bytes_checkpointed: 106496")
@@ -99,7 +98,36 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine):
     comm = _edits(replace_once("zero1_comm_bytes_per_step: 13744", "zero1_comm_bytes_per_step: 13736"),
                   replace_once("zero1_step_ms: 2.8", "zero1_step_ms: 35"),
                   replace_once("zero1_comm_share: 0.77", "zero1_comm_share: 0.95"))
-    edits["report.md"] = lambda text: comm(saved(world3(text)))
+    return comm(saved(world3(text)))
+
+
+# tests/fixtures/week13-b-honest: a DeepSpeed-style ZeRO-1 (a persistent fp32 partition of the flat parameters
+# stepped by an inner torch.optim.AdamW, gradients pre-divided and reduce-scattered, all_gather_single back);
+# FSDP2 on an explicit device mesh with the last Linear kept gathered from forward to backward; sqrt(L)
+# checkpoint segments; the largest model solved exactly over k = ceil(P / N), no search. Its own figures:
+_SECOND_STYLE_REPORT = _edits(
+    # partition + exp_avg + exp_avg_sq, ceil(P/N) fp32 elements each, and AdamW's 4 B step counter
+    replace_once("zero1_state_bytes_per_rank_world2: 6872", "zero1_state_bytes_per_rank_world2: 10312"),
+    replace_once("zero1_state_bytes_per_rank_world3: 4584", "zero1_state_bytes_per_rank_world3: 6880"),
+    # two segments of two blocks: their two inputs and the head's input, 8,192 B each
+    replace_once("saved_activation_bytes_checkpointed: 40960", "saved_activation_bytes_checkpointed: 24576"),
+    # the head is not all-gathered again in backward: 20 collectives, 20,400 B a step
+    replace_once("fsdp_comm_bytes_per_step: 20808", "fsdp_comm_bytes_per_step: 20400"),
+    replace_once("zero1_step_ms: 2.8", "zero1_step_ms: 4"))
+
+HONEST_STYLES = {
+    "week13-honest": (("zero1.py", "memory_model.py", "checkpointing.py"), _first_style_report),
+    "week13-b-honest": (("zero1.py", "memory_model.py", "checkpointing.py", "fsdp.py"), _SECOND_STYLE_REPORT),
+}
+
+
+@pytest.mark.parametrize("folder", list(HONEST_STYLES))
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
+    """Honest solutions in two other styles than the reference's (each fixture's module docstrings say how they
+    differ), each with its report's figures block holding the figures its own code measures."""
+    names, report = HONEST_STYLES[folder]
+    edits = {name: (FIXTURES / folder / name).read_text() for name in names}
+    edits["report.md"] = report
     assert_solution_passes(grade_lab, machine, "week13", edits=edits)
 
 

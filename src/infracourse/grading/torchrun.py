@@ -86,7 +86,9 @@ class RanksRun:
         missing = [r for r, out in enumerate(self.outputs) if out is None]
         if self.returncode != 0 or missing:
             native = [line for line in self.log.splitlines() if "terminate called" in line or "what():" in line]
-            return (f"torchrun exited with {self.returncode}{twice}; ranks {missing or 'all'} returned nothing; "
+            returned = (f"ranks {missing} returned nothing" if missing else
+                        "every rank had saved its result, then a rank died")
+            return (f"the launch exited with {self.returncode}{twice}; {returned}; "
                     + (f"a rank's native error: {' '.join(native[-2:])}; " if native else "")
                     + (f"its C++ stack: {self.native}; " if self.native else "")
                     + f"last output:\n{self.log[-1500:]}")
@@ -94,14 +96,21 @@ class RanksRun:
 
 
 def native_stack(log: str, frames: int = 14) -> str:
-    """The C++ frames of the first thread the fatal-signal handler printed (kit.rank_driver turns it on): the
-    thread that took the signal, innermost first, the handler's and libc's own frames left out, each frame's
+    """The C++ frames of the thread that took the signal, of those the fatal-signal handler printed
+    (kit.rank_driver turns it on; the first printed when none is marked), innermost first, the handler's and libc's own frames left out, each frame's
     function only (a stripped library's frames as ?(library), repeats once). Empty when the log holds none."""
     lines = log.splitlines()
-    header = next((i for i, line in enumerate(lines)
-                   if any(line.startswith(f"{name}(") for name in RUNTIME_SIGNALS) and "Thread" in line), None)
-    if header is None:
+    headers = [i for i, line in enumerate(lines)
+               if any(line.startswith(f"{name}(") for name in RUNTIME_SIGNALS) and "Thread" in line]
+    if not headers:
         return ""
+    # torch prints every thread of the process; the one that took the signal runs fatalSignalHandler, the others
+    # stacktraceSignalHandler (a gloo worker thread aborted while the main thread's stack, printed first, was Python)
+    blocks = [lines[start + 1:end] for start, end in zip(headers, [*headers[1:], len(lines)])]
+    aborted = next((n for n, block in enumerate(blocks)
+                    if any("fatalSignalHandler" in line for line in block)
+                    and not any("stacktraceSignalHandler" in line for line in block)), 0)
+    header = headers[aborted]
     names: list[str] = []
     for line in lines[header + 1:]:
         line = line.strip()
