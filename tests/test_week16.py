@@ -189,6 +189,32 @@ def test_paged_generation_keeps_its_pool_where_the_model_runs():
     assert gen.generate("a", prompt, 5).tokens == greedy_generate(gen.model, prompt, 5)
 
 
+def test_a_prompt_cached_whole_still_generates_right():
+    """Rule 3 of the handout: every matching full block counts, so a prompt of whole blocks seen before comes back
+    with its full length cached. The course's generation loop runs its last token again for the logits (writing
+    nothing into the shared block) and its tokens equal full recomputation."""
+    import importlib.util
+    from infracourse.kit.generate import greedy_generate
+    from infracourse.kit.gpt import GPTConfig
+    from infracourse.kit.paged_generation import PagedGeneration
+    spec = importlib.util.spec_from_file_location(
+        "paged_solution", Path(__file__).parent.parent / "labs" / "week16-paged-kv" / "solution" / "paged.py")
+    paged = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paged)
+    cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=4, n_kv_head=2, n_layer=2)
+    gen = PagedGeneration(paged, seed=3, blocks=16, block_size=4, prefix_caching=True, cfg=cfg)
+    prompt = list(range(5, 17))  # three whole blocks of 4
+    first = gen.generate("a", prompt, 5)
+    blocks = gen.allocator.block_table("a")[:3]
+    before = [cache[blocks].clone() for cache in (*gen.k_caches, *gen.v_caches)]
+    again = gen.generate("b", prompt, 5)
+    assert gen.allocator.block_table("b")[:3] == blocks  # shared, not copied
+    assert gen.allocator.allocate("c", prompt) == len(prompt)  # every block counts as cached
+    assert first.tokens == again.tokens == greedy_generate(gen.model, prompt, 5)
+    after = [cache[blocks] for cache in (*gen.k_caches, *gen.v_caches)]
+    assert all(b.equal(a) for b, a in zip(before, after))  # the shared blocks were not written again
+
+
 @pytest.mark.slow
 @pytest.mark.solutions  # a learner release leaves the handout solutions out
 def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):

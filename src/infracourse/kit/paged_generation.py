@@ -81,15 +81,19 @@ class PagedGeneration:
         record = RequestRecord(prompt_tokens=len(prompt), send_time=clock())
         alloc, model = self.allocator, self.model
         cached = alloc.allocate(seq_id, list(prompt))
-        if type(cached) is not int or not 0 <= cached < len(prompt):
+        if type(cached) is not int or not 0 <= cached <= len(prompt):
             raise InvalidAnswer(f"allocate returned {cached!r} cached tokens for a {len(prompt)}-token prompt "
-                                f"(an int from 0 to {len(prompt) - 1}: the last prompt token is always computed)")
+                                f"(an int from 0 to {len(prompt)})")
         table = alloc.block_table(seq_id)
-        x = model.embed(torch.tensor([prompt[cached:]], device=self.engine), cached)
+        # a prompt cached whole (every block full and matched) still runs its last token, for the logits the first
+        # new token comes from; its keys and values are already in the shared block and are not written again
+        start = min(cached, len(prompt) - 1)
+        x = model.embed(torch.tensor([prompt[start:]], device=self.engine), start)
         for block, kc, vc in zip(model.blocks, self.k_caches, self.v_caches):
             q, k, v = block.attn.qkv_heads(block.norm1(x))
-            self._write(kc, table, cached, k[0])
-            self._write(vc, table, cached, v[0])
+            if cached < len(prompt):
+                self._write(kc, table, cached, k[0])
+                self._write(vc, table, cached, v[0])
             x = x + block.attn.attend(q, self._gather(kc, table, len(prompt)), self._gather(vc, table, len(prompt)))
             x = x + block.mlp(block.norm2(x))
         token, n, tokens = int(model.logits(x)[0, -1].argmax()), len(prompt), []
