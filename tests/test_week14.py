@@ -151,7 +151,28 @@ def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
     assert_solution_passes(grade_lab, machine, "week14", edits=edits)
 
 
-# ---------------------------------------------------------------- the judge's own rules (kit.parallel_reference)
+# ------------------------------------------------- the judge's own rules (graders/week14/week14_references.py)
+REFERENCES = ("dense_mlp", "dense_mlp_grads", "bubble_fraction", "check_schedule", "two_stage_reference", "moe_route",
+              "overflowing_capacity", "dense_moe", "elastic_reference")
+
+
+@pytest.fixture
+def references(monkeypatch):
+    """The judge's references, from the graders' folder (never mounted in the sandbox)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "graders" / "week14"))
+    import week14_references
+    return week14_references
+
+
+def test_the_judges_references_are_out_of_the_learners_reach(references):
+    """kit.parallel_reference is mounted for the ranks and the worker (the learner's elastic_train imports its
+    inputs): it must hold no reference a learner's file could return as its own answer (the bubble, the final
+    parameters, the dense outputs)."""
+    from infracourse.kit import parallel_reference as kit
+    assert [name for name in REFERENCES if hasattr(kit, name)] == []
+    assert all(callable(getattr(references, name)) for name in REFERENCES)
+
+
 def _gpipe(p, m):
     """GPipe in closed form, the rules' known-good input."""
     steps = [[] for _ in range(2 * (m + p - 1))]
@@ -162,9 +183,8 @@ def _gpipe(p, m):
     return steps
 
 
-def test_schedule_rules_accept_gpipe_and_compute_its_bubble():
-    from infracourse.kit.parallel_reference import bubble_fraction, check_schedule
-
+def test_schedule_rules_accept_gpipe_and_compute_its_bubble(references):
+    bubble_fraction, check_schedule = references.bubble_fraction, references.check_schedule
     seen = check_schedule(_gpipe(4, 8), 4, 8)
     assert seen["errors"] == [] and seen["bubble"] == pytest.approx(bubble_fraction(4, 8)) == pytest.approx(3 / 11)
     assert seen["in_flight"] == [8, 8, 8, 8]
@@ -180,16 +200,13 @@ def test_schedule_rules_accept_gpipe_and_compute_its_bubble():
     (lambda s: [s[0] + [(0, 1, "F")]] + s[1:], "two things at once"),
     (lambda s: [[(0, 0, "X")]] + s, "is not (stage"),
 ])
-def test_schedule_rules_name_each_mistake(broken, words):
-    from infracourse.kit.parallel_reference import check_schedule
-
-    errors = check_schedule(broken(_gpipe(2, 3)), 2, 3)["errors"]
+def test_schedule_rules_name_each_mistake(broken, words, references):
+    errors = references.check_schedule(broken(_gpipe(2, 3)), 2, 3)["errors"]
     assert any(words in e for e in errors), errors
 
 
-def test_dense_moe_accounts_for_every_assignment():
-    from infracourse.kit.parallel_reference import dense_moe, moe_weights
-
+def test_dense_moe_accounts_for_every_assignment(references):
+    dense_moe, moe_weights = references.dense_moe, references.moe_weights
     for capacity in (1, 4, 20):
         out = dense_moe(moe_weights(3), top_k=2, capacity=capacity)
         assert sum(out["expert_rows"]) + sum(out["dropped"]) == 2 * 10 * 2
@@ -197,11 +214,11 @@ def test_dense_moe_accounts_for_every_assignment():
     assert dense_moe(moe_weights(3), 2, 20)["dropped"] == [0, 0]
 
 
-def test_the_graders_capacity_makes_every_rank_drop_whatever_the_seed():
+def test_the_graders_capacity_makes_every_rank_drop_whatever_the_seed(references):
     """With a fixed capacity (4 + seed % 3) 17 of 300 seeds dropped nothing, and a moe_layer that reported 0
     drops passed them (the full suite caught it once under xdist)."""
-    from infracourse.kit.parallel_reference import dense_moe, moe_weights, overflowing_capacity
-
+    dense_moe, moe_weights, overflowing_capacity = (references.dense_moe, references.moe_weights,
+                                                    references.overflowing_capacity)
     for seed in range(200):
         weights = moe_weights(seed)
         capacity = overflowing_capacity(weights, 2)

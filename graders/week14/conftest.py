@@ -2,7 +2,7 @@
 
 `world`: one torchrun launch of 2 ranks (gloo) runs kit.parallel_reference.grade_rank, which calls the learner's
 parallel_mlp, two_stage_step and moe_layer with inputs made from the seed; the judge computes the dense
-references itself (kit.parallel_reference) and compares. `recovery`: the learner's elastic_train.train under
+references itself (week14_references, beside the graders) and compares. `recovery`: the learner's elastic_train.train under
 torchrun --max-restarts 1; the judge SIGKILLs rank 1 mid-run, plants a half-written checkpoint, and keeps its
 own clock of the kill, the restarted world's first step, its catch-up and its end.
 """

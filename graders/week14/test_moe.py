@@ -1,5 +1,5 @@
 """Week 14, expert parallelism: the learner's moe_layer on 2 ranks (2 experts each, top-2, a capacity per expert
-and sending rank) against the dense mixture of experts computed by the judge (kit.parallel_reference.dense_moe).
+and sending rank) against the dense mixture of experts computed by the judge (week14_references.dense_moe).
 The experts are course modules that count the token rows they are given."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infracourse.grader import LabCheckFailed
-from infracourse.kit import parallel_reference as ref
+import week14_references as ref
 from infracourse.kit.dist_probes import collectives_called
 
 

@@ -1,4 +1,4 @@
-"""Week 14, pipeline parallelism: the learner's schedules read by the judge's rules (kit.parallel_reference.
+"""Week 14, pipeline parallelism: the learner's schedules read by the judge's rules (week14_references.
 check_schedule: dependencies, one action per stage per time step, 1F1B's in-flight bound), the bubble fraction,
 and a 2-stage runner on 2 ranks whose gradients must equal one process's on the whole batch."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infracourse.grader import LabCheckFailed
-from infracourse.kit import parallel_reference as ref
+import week14_references as ref
 from infracourse.kit.dist_probes import collectives_called, messages_sent
 from week14_judging import MICROBATCHES
 

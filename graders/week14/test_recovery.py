@@ -1,7 +1,7 @@
 """Week 14, recovery: the learner's elastic_train.train on 2 ranks under torchrun --max-restarts 1. The judge
 SIGKILLs rank 1 between two checkpoints, adds a checkpoint cut short (shards without DCP's .metadata) after the
 newest whole one, and keeps its own clock; the final parameters must equal the judge's uninterrupted run
-(kit.parallel_reference.elastic_reference), the restarted world must resume from the newest whole checkpoint
+(week14_references.elastic_reference), the restarted world must resume from the newest whole checkpoint
 and redo only the steps after it, and the times the learner reports must fit the judge's clock."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infracourse.grader import LabCheckFailed, cpu_contention
-from infracourse.kit import parallel_reference as ref
+import week14_references as ref
 from week14_judging import STEPS
 
 SLACK_S = 0.5  # the judge polls the log every 5 ms; a loaded machine delays its reading
