@@ -141,6 +141,23 @@ def _torch_pin_off(text: str) -> str:
     return text.replace(pin.group(0), "torch==2.0.1")
 
 
+@pytest.mark.variant
+def test_a_dense_moe_that_calls_the_reference_fails(grade_lab):
+    """The handout names kit.moe as the grader's reference, to read: a dense_moe that returns the reference's own
+    answer (right outputs, no work) fails dense-baseline, naming the import."""
+    def edit(text: str) -> str:
+        head, sep, tail = text.partition("def dense_moe(x, logits, w_in, w_out, top_k, capacity):")
+        assert sep, "the solution's dense_moe moved"
+        return (head + "from infracourse.kit import moe as _reference\n\n\n" + sep +
+                "\n    c = {'x': x[None], 'logits': logits[None], 'w_in': w_in, 'w_out': w_out}\n"
+                "    ref = _reference.dense_moe(c, top_k, capacity)\n"
+                "    return {'out': ref['out'][0], 'dropped': int(ref['dropped'][0])}\n\n\n"
+                "def _unused_dense_moe(x, logits, w_in, w_out, top_k, capacity):" + tail)
+
+    check = assert_variant_fails(grade_lab, "week22", "dense-baseline", {"moe.py": edit}, track=TRACK)
+    assert "the grader's reference" in check.message and "moe.py:" in check.message, check.message
+
+
 @pytest.mark.slow
 @pytest.mark.variant
 def test_lock_that_disagrees_with_the_environment_fails(grade_lab):

@@ -7,12 +7,14 @@ import torch
 
 from infracourse.grader import LabCheckFailed
 from infracourse.kit import moe as kit
+from track_model_vendor_judging import refuse_reference_imports
 
 CASES = (("uniform", None), ("uniform", 1.0), ("skewed", 0.75))  # (trace, capacity factor)
 
 
 @pytest.fixture(scope="module")
 def moe(learner):
+    refuse_reference_imports(learner.root)
     return learner.module("moe")
 
 

@@ -104,8 +104,37 @@ def skewed_load(seed: int, world: int = kit.WORLD) -> list[int]:
     return kit.routing_stats(ref["expert"].reshape(-1, kit.TOP_K), None, kit.EXPERTS, world)["tokens_per_expert"]
 
 
+REFERENCE = "infracourse.kit.moe"
+
+
+def refuse_reference_imports(learner_root: Path) -> None:
+    """moe.py may not import the course's reference (kit.moe: the handout names it as the grader's reference, to
+    read): a dense_moe that calls kit.dense_moe is the judge's answer returned as the learner's. run.py may, for
+    the traces it measures on."""
+    import ast
+
+    path = Path(learner_root) / "moe.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError):
+        return  # the check that imports it says what is wrong with it
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        if any(name == REFERENCE or name.startswith(REFERENCE + ".") for name in names):
+            raise LabCheckFailed(f"moe.py:{node.lineno} reaches {REFERENCE}, the grader's reference: write route, "
+                                 "keep_within_capacity, dense_moe, routing_stats, eplb_placement and ep_moe "
+                                 "yourself (read the reference, do not call it); run.py may use the kit's traces")
+
+
 def launch(learner, seed: int, scratch: Path, device: str = "cpu", world: int = kit.WORLD,
            names: tuple[str, ...] | None = None) -> Launch:
+    refuse_reference_imports(learner.root)
     rebalance = world > 1 and (names is None or "skewed-eplb" in names)
     placement, error = (learner_placement(learner, skewed_load(kit.FIXED_SEED, world), world) if rebalance
                         else (None, "this launch does not rebalance"))
