@@ -133,3 +133,11 @@ def test_solution_written_from_the_handout_alone_passes(grade_lab, machine):
     """train_ddp.py (and its report, from its own runs): by someone who read only the handout, the starter, lab.yaml and
     the kit modules it names (tests/fixtures/week12-handout), never the reference or the graders."""
     assert_solution_passes(grade_lab, machine, "week12", edits=handout_solution("week12"))
+
+
+def test_the_judges_reference_run_is_out_of_the_learners_reach():
+    """kit.ddp_reference is mounted for the ranks (train_ddp builds its model and data from it): the judge's
+    single-process run, whose weights a DDP that averages wrongly could have returned as its own, lives beside
+    the graders (graders/week12/week12_judging.py), never mounted."""
+    from infracourse.kit import ddp_reference
+    assert not hasattr(ddp_reference, "reference_train")

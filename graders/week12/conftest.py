@@ -9,7 +9,7 @@ import pytest
 
 from infracourse.kit import ddp_reference as ref
 from week12_judging import (GLOBAL_BATCH, PER_RANK, SAMPLES, STEPS, STRONG_GLOBAL, TINY_BUCKET_MB, WEAK_PER_RANK,
-                            Launches, launch_world, main_experiment, timed_experiment)
+                            Launches, launch_world, main_experiment, reference_train, timed_experiment)
 
 
 @pytest.fixture(scope="session")
@@ -34,4 +34,4 @@ def launches(learner, seed, tmp_path_factory) -> Launches:
 @pytest.fixture(scope="session")
 def reference(launches) -> tuple[dict, list[float]]:
     """The course's single-process run with the global batch (kit code, never the learner's)."""
-    return ref.reference_train(STEPS, GLOBAL_BATCH, SAMPLES, launches.seed)
+    return reference_train(STEPS, GLOBAL_BATCH, SAMPLES, launches.seed)

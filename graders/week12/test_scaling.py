@@ -20,7 +20,7 @@ import pytest
 from infracourse.grader import LabCheckFailed, cpu_contention, run_ranks
 from infracourse.kit import ddp_reference as ref
 from week12_judging import (GLOBAL_BATCH, KIT, SAMPLES, STEPS, STRONG_GLOBAL, TIMED_STEPS, course_step_s,
-                            experiment_error, params_difference, step_gaps)
+                            experiment_error, params_difference, reference_train, step_gaps)
 
 GPU_GLOBAL = 4096  # the timed GPU runs' global batch
 AGREE = 2.0  # the learner's own step time and samples/s against the course's clock of the same run (CPU noise)
@@ -140,7 +140,7 @@ def _gpu_world(learner, tmp_path, size: int, seed: int):
     failure = run.failure() or next((raised[1] for out in run.outputs if (raised := experiment_error(out))), None)
     if failure:
         raise LabCheckFailed(f"the CUDA world of {size} failed: {failure[-1800:]}")
-    params, _ = ref.reference_train(STEPS, GLOBAL_BATCH, SAMPLES, seed)
+    params, _ = reference_train(STEPS, GLOBAL_BATCH, SAMPLES, seed)
     for rank, out in enumerate(run.outputs):
         problem = params_difference(out[0]["out"].get("params"), params)
         if problem:

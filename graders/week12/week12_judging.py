@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from infracourse.grader import LabCheckFailed, RanksRun, run_ranks
+from infracourse.kit.ddp_reference import (LR, MOMENTUM, global_batch_indices, loss_fn, make_dataset,
+                                           make_model)
 
 
 KIT = "infracourse.kit.ddp_reference"
@@ -122,3 +124,21 @@ def params_difference(params, expected: dict) -> str | None:
             return (f"params[{name!r}] differs by up to {(got.float().cpu() - want).abs().max().item():.3g} "
                     f"(allowed {ATOL:g} + {RTOL:g} relative)")
     return None
+
+
+# The single-process reference lives here, beside the graders, not in kit.ddp_reference: that module is mounted
+# for the ranks (train_ddp imports its model and data), and a train() that returned the judge's own weights
+# would have hidden a DDP that averages wrongly.
+def reference_train(steps: int, global_batch: int, samples: int, seed: int = 0) -> tuple[dict, list[float]]:
+    """One process, batch = the global batch: final weights and the loss before each step."""
+    data, model = make_dataset(samples, seed), make_model(seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    losses = []
+    for step in range(steps):
+        idx = global_batch_indices(step, global_batch, samples, seed)
+        loss = loss_fn(model(data.x[idx]), data.y[idx])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses

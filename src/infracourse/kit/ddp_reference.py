@@ -99,21 +99,6 @@ def global_batch_indices(step: int, global_batch: int, samples: int, seed: int) 
     return epoch_permutation(samples, epoch, seed)[j * global_batch:(j + 1) * global_batch]
 
 
-def reference_train(steps: int, global_batch: int, samples: int, seed: int = 0) -> tuple[dict, list[float]]:
-    """One process, batch = the global batch: final weights and the loss before each step."""
-    data, model = make_dataset(samples, seed), make_model(seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    losses = []
-    for step in range(steps):
-        idx = global_batch_indices(step, global_batch, samples, seed)
-        loss = loss_fn(model(data.x[idx]), data.y[idx])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
-
-
 # --- FLOPs and the CPU's peak -------------------------------------------------------------------------------
 def flops_per_sample() -> int:
     """Model FLOPs of one sample's forward + backward: 2 per multiply-add forward, twice that backward."""
