@@ -1,19 +1,20 @@
 """Week 21 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check, and an honest gateway in another style
-(tests/fixtures/week21-honest) passes. Each grade serves the learner's gateway once; the gateway supervises the
-course's model service (kit.platform_service), which the judge kills, loads and redeploys."""
+wrong variant the issue names fails its own check, and honest solutions in two other styles
+(tests/fixtures/week21-honest, tests/fixtures/week21-b-honest) pass. Each grade serves the learner's gateway
+once; the gateway supervises the course's model service (kit.platform_service), which the judge kills, loads
+and redeploys."""
 import json
 from pathlib import Path
 
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
+from labproof import (FIXTURES, assert_solution_passes, assert_variant_fails, handout_solution, not_passed,
+                      with_stamped_environment)
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
-HONEST = Path(__file__).parent / "fixtures" / "week21-honest"
 SOLUTION = Path(__file__).parent.parent / "labs" / "week21-recovery-capacity" / "solution"
 
 
@@ -118,8 +119,17 @@ def test_a_canary_that_compares_one_figure_fails_on_the_version_it_misses(grade_
     assert check.message.startswith(f"{version} was bad") and "BOTH" in check.message, check.message
 
 
-def test_honest_gateway_in_another_style_passes(grade_lab, machine):
-    assert_solution_passes(grade_lab, machine, "week21", edits={name: (HONEST / name).read_text() for name in ("gateway.py", "diagnose.py")})
+@pytest.mark.parametrize("folder", ["week21-honest", "week21-b-honest"])
+def test_honest_gateway_in_another_style_passes(grade_lab, machine, folder):
+    """Each folder holds the learner files its style replaces (week21-b-honest: the gateway, diagnose.py and the
+    sweep, with the capacity.json that sweep wrote serving that gateway and its report in its own words, stamped
+    with this machine's Environment section as a learner's `infracourse report` would)."""
+    root = FIXTURES / folder
+    edits = {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts}
+    if "report.md" in edits:
+        edits["report.md"] = with_stamped_environment(edits["report.md"])
+    assert_solution_passes(grade_lab, machine, "week21", edits=edits)
 
 
 def test_report_in_other_words_passes(grade_lab):
