@@ -1,8 +1,13 @@
 """Week 17 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check, and an honest solution in another style
-(tests/fixtures/week17-honest: chunked prefill, an asyncio loop running each step in a worker thread,
+wrong variant the issue names fails its own check, and honest solutions in two other styles pass:
+tests/fixtures/week17-honest (chunked prefill, an asyncio loop running each step in a worker thread,
 disconnects and deadlines polled between tokens, 503 refusals; a bench.py that runs the load matrix cell by
-cell, with its own seeds, and the matrix it wrote against that server) passes. Each grade starts two servers (the learner's and the course's static baseline)."""
+cell, with its own seeds, and the matrix it wrote against that server) and tests/fixtures/week17-b-honest (a
+thread-safe engine locked only around planning and commit, waiting and running queues as OrderedDicts, a min-heap
+of free blocks, growth planned for the whole batch, a free-block watermark at admission, no chunked prefill;
+handlers calling the engine directly, one call_soon_threadsafe per step, deadlines as loop timers; a bench.py
+with name-derived seeds that checks its own matrix, with the records, matrix and report of its run). Each grade
+starts two servers (the learner's and the course's static baseline)."""
 import json
 import statistics
 from pathlib import Path
@@ -10,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from conftest import replace_once
-from labproof import assert_solution_passes, assert_variant_fails, handout_solution, not_passed
+from labproof import (assert_solution_passes, assert_variant_fails, handout_solution, not_passed,
+                      with_stamped_environment)
 from reportproof import invented, reworded
 
 pytestmark = pytest.mark.slow
 
-HONEST = Path(__file__).parent / "fixtures" / "week17-honest"
+FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTION = Path(__file__).parent.parent / "labs" / "week17-continuous-batching" / "solution"
 
 
@@ -242,16 +248,18 @@ def with_matrix_figures_of(folder: Path):
     return edit
 
 
-def test_honest_solution_in_another_style_passes(grade_lab, machine):
-    """The honest engine and server, and the honest bench.py (the matrix's cells listed by hand in another order,
-    seeds from 1000, matrix.json and a two-panel plot written by hand), with the matrix that bench wrote against
-    that server, and the report's matrix figures as it printed them."""
-    matrix = {f"matrix/{p.name}": p.read_bytes() if p.suffix == ".png" else p.read_text()
-              for p in (HONEST / "matrix").iterdir()}
-    assert_solution_passes(grade_lab, machine, "week17",
-                           edits={**{name: (HONEST / name).read_text() for name in ("engine.py", "server.py",
-                                                                                    "bench.py")},
-                                  **matrix, "report.md": with_matrix_figures_of(HONEST)})
+@pytest.mark.parametrize("folder", ["week17-honest", "week17-b-honest"])
+def test_honest_solution_in_another_style_passes(grade_lab, machine, folder):
+    """An honest engine, server and bench.py with the matrix that bench wrote against that server: week17-honest
+    (the matrix's cells listed by hand in another order, seeds from 1000, matrix.json and a two-panel plot written
+    by hand) with the lab's report, its matrix figures as that bench printed them; week17-b-honest also with the
+    records.json of its load point and its own report.md, the figures block as its bench printed it."""
+    honest = FIXTURES / folder
+    edits = {str(p.relative_to(honest)): p.read_bytes() if p.suffix == ".png" else p.read_text()
+             for p in sorted(honest.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    edits["report.md"] = (with_stamped_environment(edits["report.md"]) if "report.md" in edits
+                          else with_matrix_figures_of(honest))
+    assert_solution_passes(grade_lab, machine, "week17", edits=edits)
 
 
 def test_runner_journal_gives_each_requests_stays(tmp_path, monkeypatch):
