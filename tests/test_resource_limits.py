@@ -344,6 +344,7 @@ def test_week14s_judge_reads_no_more_than_a_bounded_head_of_the_rank_log_it_poll
 
     from conftest import REPO
 
+    monkeypatch.syspath_prepend(str(REPO / "graders" / "week14"))  # its own imports (week14_references) are there
     spec = importlib.util.spec_from_file_location("week14_judging", REPO / "graders" / "week14" / "week14_judging.py")
     judge = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, judge)  # its dataclasses look their module up there

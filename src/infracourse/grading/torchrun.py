@@ -1,13 +1,13 @@
-"""Judge side of the distributed labs: the learner's code runs under torchrun, confined like the worker.
+"""Judge side of the distributed labs: the learner's code runs as under torchrun, confined like the worker.
 
-The learner's code runs as under torchrun (the same code runs multi-node): a world that torchrun must restart
-runs under torchrun itself; a one-shot world under `infracourse.kit.rank_launcher`, which starts each rank as
-a fresh interpreter with torchrun's environment and failure handling, without torchrun's agent (its own torch
-import and elastic rendezvous: a 2-rank launch 1.8 s against 2.4 s on a loaded 2-core machine).
-The whole world runs inside one sandbox, whose private network namespace has only a loopback, so every rank
-rendezvouses on 127.0.0.1. Each rank runs `infracourse.kit.rank_driver`, which imports the learner's module, calls one function and saves what it
-returned (tensors, numbers, lists, dicts) to the scratch folder. The judge loads those files with
-`weights_only=True` (no learner object is ever unpickled here) and treats them as evidence: graders compare
+The same code runs multi-node. A world that torchrun must restart, or that runs on GPUs, runs under torchrun
+itself; a one-shot CPU world runs under `infracourse.kit.rank_launcher`, which starts each rank as a fresh
+interpreter with torchrun's environment and failure handling, without torchrun's agent (its own torch import
+and elastic rendezvous: a 2-rank launch 1.8 s against 2.4 s on a loaded 2-core machine). The whole world runs
+inside one sandbox, whose private network namespace has only a loopback, so every rank rendezvouses on
+127.0.0.1. Each rank runs `infracourse.kit.rank_driver`, which imports the learner's module, calls one function
+and saves what it returned (tensors, numbers, lists, dicts) to the scratch folder. The judge loads those files
+with `weights_only=True` (no learner object is ever unpickled here) and treats them as evidence: graders compare
 them with their own single-process references, never take a verdict from them.
 """
 from __future__ import annotations
@@ -155,7 +155,9 @@ def start_ranks(module: str, function: str, *, learner_dir: Path, world_size: in
     confined = launch.confining()
     port = 29500 if confined else _free_port()  # inside the sandbox the loopback is the world's own
     driver = [str(Path(learner_dir).resolve()), module, function, str(args_file), str(out), probe]
-    if max_restarts:  # a world torchrun restarts: its agent does
+    # torchrun's agent where it restarts a world, and on GPUs (the launcher is verified on CPU ranks only; the lent
+    # GPU machines could not be started in the session that wrote it)
+    if max_restarts or device == "cuda":
         command = [sys.executable, "-s", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
                    str(world_size), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                    "--local-addr", "127.0.0.1", "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",

@@ -14,7 +14,8 @@ RanksRun.died_by_signal reads. A 2-rank launch took a median 1.8 s against torch
 machine (forking the ranks from one interpreter that imported torch took 1.1 s, but forked ranks share the
 hash salt and the random state, which torchrun's never do).
 
-A world that torchrun must restart (--max-restarts, week 14's recovery) still runs under torchrun itself.
+A world that torchrun must restart (--max-restarts, week 14's recovery) still runs under torchrun itself, and
+so does a world on GPUs until this launcher has been graded on one (NCCL with rank 0 holding the store).
 """
 from __future__ import annotations
 
