@@ -169,18 +169,24 @@ def test_gpu_pool_bytes_must_be_the_devices(monkeypatch):
             check_pool_bytes(device_bytes, formula, 8, "w")
 
 
-def test_paged_generation_keeps_its_pool_where_the_model_runs():
-    """kit.paged_generation: on a CPU the pool is host memory and says so (pool_device_bytes None); the model and
-    the pool share one device, and generation through the solution equals full recomputation there."""
+def _solution_paged():
+    """The reference's paged.py, imported here (course code runs beside it; nothing is graded)."""
     import importlib.util
-    import torch
-    from infracourse.kit.generate import greedy_generate
-    from infracourse.kit.gpt import GPTConfig
-    from infracourse.kit.paged_generation import PagedGeneration
     spec = importlib.util.spec_from_file_location(
         "paged_solution", Path(__file__).parent.parent / "labs" / "week16-paged-kv" / "solution" / "paged.py")
     paged = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(paged)
+    return paged
+
+
+def test_paged_generation_keeps_its_pool_where_the_model_runs():
+    """kit.paged_generation: on a CPU the pool is host memory and says so (pool_device_bytes None); the model and
+    the pool share one device, and generation through the solution equals full recomputation there."""
+    import torch
+    from infracourse.kit.generate import greedy_generate
+    from infracourse.kit.gpt import GPTConfig
+    from infracourse.kit.paged_generation import PagedGeneration
+    paged = _solution_paged()
     cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=4, n_kv_head=2, n_layer=2)
     gen = PagedGeneration(paged, seed=3, blocks=16, block_size=4, prefix_caching=True, cfg=cfg)
     assert gen.pool_device_bytes is None
@@ -193,14 +199,10 @@ def test_a_prompt_cached_whole_still_generates_right():
     """Rule 3 of the handout: every matching full block counts, so a prompt of whole blocks seen before comes back
     with its full length cached. The course's generation loop runs its last token again for the logits (writing
     nothing into the shared block) and its tokens equal full recomputation."""
-    import importlib.util
     from infracourse.kit.generate import greedy_generate
     from infracourse.kit.gpt import GPTConfig
     from infracourse.kit.paged_generation import PagedGeneration
-    spec = importlib.util.spec_from_file_location(
-        "paged_solution", Path(__file__).parent.parent / "labs" / "week16-paged-kv" / "solution" / "paged.py")
-    paged = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(paged)
+    paged = _solution_paged()
     cfg = GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_head=4, n_kv_head=2, n_layer=2)
     gen = PagedGeneration(paged, seed=3, blocks=16, block_size=4, prefix_caching=True, cfg=cfg)
     prompt = list(range(5, 17))  # three whole blocks of 4
