@@ -168,6 +168,13 @@ KEPT_LINEAR = replace_once('self.register_buffer("scale", scale)',
                            'self.register_buffer("scale", scale)\n        self.source = [linear]')
 
 VARIANTS = {
+    # quantize returns the course's int8 reference (kit.quant_eval, mounted for measure.py): right to the bit,
+    # no work; the judge's reading of quant.py refuses it before any comparison
+    "quantize that calls the course's reference": ("quant-error", {QUANT: replace_once(
+        "def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:\n",
+        "def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:\n"
+        "    from infracourse.kit.quant_eval import quantize_per_channel\n"
+        "    return quantize_per_channel(weight)\n")}),
     # matches counted anywhere in the proposal, not only up to the first mismatch: tokens after it are kept
     "speculative acceptance that changes greedy output": ("spec-greedy", {SPEC: replace_once(
         "matched = (guessed == best[:, :d]).long().cumprod(1).sum(1)",

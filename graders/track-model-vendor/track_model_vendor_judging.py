@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from infracourse.grader import LabCheckFailed, LearnerRaised, RanksRun, run_ranks
+from infracourse.grader import LabCheckFailed, LearnerRaised, RanksRun, require_own_implementation, run_ranks
 from infracourse.kit import moe as kit
 
 
@@ -104,32 +104,12 @@ def skewed_load(seed: int, world: int = kit.WORLD) -> list[int]:
     return kit.routing_stats(ref["expert"].reshape(-1, kit.TOP_K), None, kit.EXPERTS, world)["tokens_per_expert"]
 
 
-REFERENCE = "infracourse.kit.moe"
-
-
 def refuse_reference_imports(learner_root: Path) -> None:
-    """moe.py may not import the course's reference (kit.moe: the handout names it as the grader's reference, to
-    read): a dense_moe that calls kit.dense_moe is the judge's answer returned as the learner's. run.py may, for
-    the traces it measures on."""
-    import ast
-
-    path = Path(learner_root) / "moe.py"
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError):
-        return  # the check that imports it says what is wrong with it
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names = [node.value]
-        if any(name == REFERENCE or name.startswith(REFERENCE + ".") for name in names):
-            raise LabCheckFailed(f"moe.py:{node.lineno} reaches {REFERENCE}, the grader's reference: write route, "
-                                 "keep_within_capacity, dense_moe, routing_stats, eplb_placement and ep_moe "
-                                 "yourself (read the reference, do not call it); run.py may use the kit's traces")
+    """moe.py may not reach kit.moe, the grader's reference the handout names (to read): a dense_moe that calls
+    kit.dense_moe is the judge's answer returned as the learner's. run.py may, for the traces it measures on."""
+    require_own_implementation(learner_root, "moe.py", ("infracourse.kit.moe",),
+                               "write route, keep_within_capacity, dense_moe, routing_stats, eplb_placement and "
+                               "ep_moe yourself (read the reference, do not call it); run.py may use the kit's traces")
 
 
 def launch(learner, seed: int, scratch: Path, device: str = "cpu", world: int = kit.WORLD,

@@ -15,14 +15,14 @@ import torch
 
 from infracourse.kit import quant_eval
 from infracourse.kit.speculative import target_model
-from week18_judging import require
+from week18_judging import learner_quant, require
 
 EPS = 1e-6  # fp32 rounding of w / scale and q * scale
 
 
 @pytest.fixture(scope="module")
 def quant(learner):
-    return learner.module("quant")
+    return learner_quant(learner)
 
 
 def seeded_weight(seed: int, rows: int, cols: int) -> tuple[torch.Tensor, str]:

@@ -31,7 +31,7 @@ from infracourse.kit.load_matrix import LoadCell, check_matrix, load_matrix, loa
 from infracourse.kit.loadgen import read_records, request_matrix
 from infracourse.kit.quant_serving import (StepEngine, StepServer, held_bytes, held_tensors, layer_linears,
                                            quantized_llama, reference_int8_llama)
-from week18_judging import require
+from week18_judging import learner_quant, require
 
 SMALL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "vocab": 256, "intermediate": 256,
          "max_positions": 128}
@@ -53,7 +53,7 @@ FIGURES = {"TTFT p50": ("ttft_ms", "p50"), "TTFT p99": ("ttft_ms", "p99"), "TPOT
 
 @pytest.fixture(scope="module")
 def quant(learner):
-    return learner.module("quant")
+    return learner_quant(learner)
 
 
 def served_pair(quant, learner, sizes, seed, dtype, device):

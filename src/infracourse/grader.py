@@ -39,7 +39,7 @@ from infracourse.grading.inputs import dtype_name, gpt_batches, scaled, tensors,
 from infracourse.grading.perf import reference_time, require_fraction, require_speedup, timed
 from infracourse.grading.plugin import blocked
 from infracourse.grading.protocol import BuildInWorker
-from infracourse.grading.provenance import require_clean_sources
+from infracourse.grading.provenance import require_clean_sources, require_own_implementation
 from infracourse.grading.remote import LearnerHung, LearnerRaised
 from infracourse.grading.report_check import figures_agree, read_figures, read_json_figure
 from infracourse.grading.torchrun import RanksRun, collect, rank_processes, run_ranks, start_ranks
@@ -60,7 +60,7 @@ __all__ = [
     "LabCheckFailed", "WrongOutput", "blocked",
     # learner calls
     "LearnerRaised", "LearnerHung", "in_worker", "BuildInWorker", "CallRecord", "run_watched", "explain_nan",
-    "require_plain_tensor", "require_data_flow", "require_own_kernel", "require_clean_sources", "interpreter_note",
+    "require_plain_tensor", "require_data_flow", "require_own_kernel", "require_clean_sources", "require_own_implementation", "interpreter_note",
     # inputs
     "tensors", "scaled", "tokens", "gpt_batches", "build_inputs", "fenced", "dtype_name",
     # comparison

@@ -15,6 +15,8 @@ construct, fix):
 Verdicts (each raises `LabCheckFailed` with the first finding, on one line):
 - `require_clean_sources(learner_dir)`: every watched call (grading.remote) runs it on its answer, and a
   check that rests on anything else the worker reports calls it;
+- `require_own_implementation(learner_dir, 'moe.py', ('infracourse.kit.moe',), fix)`: a file graded as the
+  learner's implementation that calls the grader's reference (mounted for other files, or to read);
 - `require_kernel_reached(learner_dir, 'vector_ops.add')`: behind verdicts.require_own_kernel, in a kernel lab's
   kernel-did-work (verdicts.run_watched calls it) and timed checks.
 `cohort regrade` stores `read_sources(...)` with each result, for the instructor.
@@ -62,6 +64,49 @@ def require_kernel_reached(learner_dir: Path, graded: str | None, *, native_code
     if not findings and graded is not None:
         findings = kernel_findings(Path(learner_dir), graded, backward=backward)
     _refuse(findings)
+
+
+def require_own_implementation(learner_dir: Path, file: str, references: tuple[str, ...], fix: str) -> None:
+    """Fail when `file` reaches one of `references` (qualified names: a kit module, or a function of one): the
+    grader's own reference, mounted for the learner to read or for other files to use, returned as the learner's
+    answer would pass any comparison with it. Imports, attributes through an import's alias, and strings that
+    name it all count."""
+    path = Path(learner_dir) / file
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return  # the check that imports the file says what is wrong with it
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def qualified(node) -> str | None:
+        if isinstance(node, ast.Name):
+            return aliases.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = qualified(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
+
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            names = [name] if (name := qualified(node)) else []
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        for name in names:
+            hit = next((ref for ref in references if name == ref or name.startswith(ref + ".")), None)
+            if hit:
+                raise LabCheckFailed(f"{file}:{node.lineno} reaches {hit}, the grader's reference: {fix}")
 
 
 def _refuse(findings: list[Finding]) -> None:
