@@ -109,6 +109,11 @@ VARIANTS = {
     # the gain taken the wrong way round (overlapped / not overlapped): it no longer follows from the two steps
     "overlap gain inverted": ("figures-follow", {"report.md": replace_once(
         "overlap_gain: 0.934 ", "overlap_gain: 1.071 ")}),
+    # the comm_hook keyword taken and never registered: every weight right, and main()'s all-reduce share (timed
+    # by the hook it passes) would print 0; the course passes a hook of its own in the world-2 timed run
+    "comm_hook accepted and never registered": ("scaling-measured", {"train_ddp.py": replace_once(
+        "    if comm_hook is not None:  # main() times the all-reduces with one; the grader passes its own\n"
+        "        model.register_comm_hook(None, comm_hook)\n", "")}),
     # train() returns one rank's throughput: half the global figure in world 2, whatever the load
     "train() returns per-rank samples/s": ("scaling-measured", {"train_ddp.py": replace_once(
         '"samples_per_s": global_batch / median(step_s)', '"samples_per_s": per_rank_batch * accumulation / '

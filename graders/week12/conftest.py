@@ -22,7 +22,8 @@ def launches(learner, seed, tmp_path_factory) -> Launches:
     two = launch_world(learner, tmp_path_factory.mktemp("world2"), 2, {
         "main": main_experiment(GLOBAL_BATCH // (2 * PER_RANK), s, checkpoint=True),
         "buckets": main_experiment(GLOBAL_BATCH // (2 * PER_RANK), s, bucket_cap_mb=TINY_BUCKET_MB),
-        "timed": timed_experiment(WEAK_PER_RANK, s),
+        # with the course's own comm hook passed in: train() must register it (main() times the share with one)
+        "timed": timed_experiment(WEAK_PER_RANK, s, comm_hook="course"),
         # last, so that a train() without the overlap mode costs only the overlap check: the same gradients
         # all-reduced after backward, then both modes timed with buckets small enough to overlap at all
         "sequential": main_experiment(GLOBAL_BATCH // (2 * PER_RANK), s, bucket_cap_mb=TINY_BUCKET_MB, overlap=False),

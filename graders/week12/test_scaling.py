@@ -60,6 +60,17 @@ def _learner_agrees(world, name: str) -> None:
                 f"batch ({global_batch}) / median step time")
 
 
+def _hook_registered(world, name: str) -> None:
+    """train(comm_hook=...) registers the hook it is given: main()'s all-reduce share is timed by one, so a
+    train() that drops it prints a share of 0 and the report's comm_share has no measurement behind it."""
+    for rank, result in enumerate(world.results(name)):
+        if not result.get("course_hook_calls"):
+            raise LabCheckFailed(
+                f"rank {rank}: train() was given comm_hook= (the course's own hook, {world.describe(name)}) and DDP "
+                f"never called it: when a comm_hook is given, register it after wrapping the model, "
+                f"model.register_comm_hook(None, comm_hook); main() times the all-reduce share with one")
+
+
 def _rate_follows(rate: float, step_s: list[float], global_batch: int, where: str) -> None:
     """A relation that holds at any load, on the learner's own raw records: samples_per_s x the median step =
     the global batch (either middle step of an even count is accepted as the median, 1 % for rounding). Per-rank
@@ -85,6 +96,7 @@ def test_scaling(launches, record):
     t2 = max(course_step_s(r) for r in two.results("timed"))  # the slowest rank sets the step
     for world, name in ((one, "weak"), (one, "strong"), (two, "timed")):
         _learner_agrees(world, name)
+    _hook_registered(two, "timed")
     flops = ref.flops_per_sample() * STRONG_GLOBAL
     # widens the report's step times and rate on the side load moves them (lab.yaml `busy`): under heavy load an
     # honest report's t1_weak_ms (2.65 ms) met a 13.74 ms re-measure

@@ -130,7 +130,7 @@ _COUNTS: dict = {}
 def _reset_counts() -> None:
     _COUNTS.clear()
     _COUNTS.update(bucket_reductions=collections.Counter(), python_all_reduce=0, saves=[], allreduce_s=0.0,
-                   allreduce_spans=[])
+                   allreduce_spans=[], course_hook_calls=0)
     STEP_CLOCK.clear()
     EVENTS.clear()
 
@@ -138,24 +138,47 @@ def _reset_counts() -> None:
 _ALL_REDUCE = None  # torch.distributed.all_reduce as it was before install() wrapped it
 
 
-def _counting_hook(state, bucket):
-    """DDP's default reduction (divide by the world, all-reduce), counted per bucket. DDP calls its reducer's
-    collectives from C++, which no Python wrapper of torch.distributed sees; a comm hook is where they meet."""
+class _HookSlot:
+    """The comm hook the learner's train() registered on a counted DDP model (None: DDP's default reduction),
+    run inside the course's counting hook: DDP takes one hook per model, and the course's is already there."""
+
+    def __init__(self) -> None:
+        self.registered: tuple | None = None  # (state, hook)
+
+
+def _counting_hook(slot: _HookSlot, bucket):
+    """DDP's default reduction (divide by the world, all-reduce) or the learner's registered hook, counted per
+    bucket and timed launch to completion. DDP calls its reducer's collectives from C++, which no Python wrapper
+    of torch.distributed sees; a comm hook is where they meet."""
     import torch.distributed as dist
 
     _COUNTS["bucket_reductions"][bucket.index()] += 1
-    tensor = bucket.buffer().div_(dist.get_world_size())
     launched = time.perf_counter()
     EVENTS.append(("bucket", launched))
-    future = _ALL_REDUCE(tensor, async_op=True).get_future()
+    if slot.registered is None:
+        future = _ALL_REDUCE(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+    else:
+        state, hook = slot.registered
+        future = hook(state, bucket)
 
     def done(fut):
         finished = time.perf_counter()
         _COUNTS["allreduce_s"] += finished - launched  # launch to completion, overlapped or not
         _COUNTS["allreduce_spans"].append((launched, finished))  # placed in its step by the judge
-        return fut.value()[0]
+        value = fut.value()
+        return value[0] if isinstance(value, list) else value  # all_reduce's future holds a list, a hook's a tensor
 
     return future.then(done)
+
+
+def course_comm_hook(state, bucket):
+    """The hook the judge passes as train(comm_hook=...): DDP's default reduction, counting its calls, so the
+    judge sees whether train() registered the hook it was given (main() times the all-reduce share with one)."""
+    import torch.distributed as dist
+
+    _COUNTS["course_hook_calls"] += 1
+    future = _ALL_REDUCE(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0])
 
 
 def _gradient_ready(param) -> None:
@@ -170,15 +193,27 @@ def install() -> None:
 
     global _ALL_REDUCE
     _reset_counts()
-    ddp_init, all_reduce, save = DDP.__init__, dist.all_reduce, torch.save
+    ddp_init, ddp_register, all_reduce, save = DDP.__init__, DDP.register_comm_hook, dist.all_reduce, torch.save
     _ALL_REDUCE = all_reduce
 
     def counted_init(self, *args, **kwargs):
         ddp_init(self, *args, **kwargs)
-        self.register_comm_hook(None, _counting_hook)
+        self._course_hook_slot = _HookSlot()
+        ddp_register(self, self._course_hook_slot, _counting_hook)
         for param in self.module.parameters():
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(_gradient_ready)
+
+    def routed_register(self, state, hook):
+        """The learner's hook goes into the course's slot, with DDP's own rules: callable, once per model."""
+        slot = getattr(self, "_course_hook_slot", None)
+        if slot is None:
+            return ddp_register(self, state, hook)
+        if not callable(hook):
+            raise TypeError("Communication hook must be callable.")
+        if slot.registered is not None:
+            raise RuntimeError("register_comm_hook can only be called once per DistributedDataParallel model")
+        slot.registered = (state, hook)
 
     def counted_all_reduce(*args, **kwargs):
         _COUNTS["python_all_reduce"] += 1
@@ -191,6 +226,7 @@ def install() -> None:
         return save(obj, f, *args, **kwargs)
 
     DDP.__init__ = counted_init
+    DDP.register_comm_hook = routed_register
     dist.all_reduce = counted_all_reduce
     torch.save = counted_save
 
@@ -217,6 +253,8 @@ def run_experiments(experiments: list[dict], module: str = "train_ddp", function
         _reset_counts()
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        if config.get("comm_hook") == "course":  # a function cannot travel in the launch's arguments
+            config = {**config, "comm_hook": course_comm_hook}
         started = time.perf_counter()
         try:
             out = train(**config, device=device)
@@ -228,6 +266,7 @@ def run_experiments(experiments: list[dict], module: str = "train_ddp", function
                         "bucket_reductions": dict(_COUNTS["bucket_reductions"]),
                         "python_all_reduce": _COUNTS["python_all_reduce"], "saves": list(_COUNTS["saves"]),
                         "allreduce_s": _COUNTS["allreduce_s"], "allreduce_spans": list(_COUNTS["allreduce_spans"]),
+                        "course_hook_calls": _COUNTS["course_hook_calls"],
                         "events": list(EVENTS), "peak_memory_mb": _peak_memory_mb(device)})
     return results
 
