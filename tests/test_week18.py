@@ -163,6 +163,28 @@ def deadline_from_first_step(source: str) -> str:
         "        if self.running is None and not self._start_next():")(source)
 
 
+# speculative_generate that returns the judge's answers: kit.speculative's batched_greedy (spec-greedy's truth) on
+# the model inside the counted target, and each round's accepted count from its replay (spec-acceptance's
+# recount); one counted target pass a round for the count. It passed both checks, drafting nothing itself
+JUDGES_SPECULATION = '''import torch
+from infracourse.kit.speculative import batched_greedy, replay
+
+
+@torch.no_grad()
+def speculative_generate(target, draft, prompts, k: int, n: int):
+    plain = getattr(target, "model", target)
+    tokens = batched_greedy(plain, prompts, n)
+    rounds, done = [], 0
+    while done < n:
+        d = min(k, n - done - 1)
+        found, _ = replay(plain, draft, prompts, n, rounds + [[d, 0]])
+        rounds.append([d, found[-1]])
+        target(torch.tensor([list(p) for p in prompts], dtype=torch.long))
+        done += found[-1] + 1
+    drafted = sum(r[0] for r in rounds)
+    return tokens, {"rounds": rounds, "acceptance_rate": sum(r[1] for r in rounds) / drafted if drafted else 0.0}
+'''
+
 # Int8Linear keeps the Linear it quantised (in a list, out of the module registry): state_dict claims int8 only
 KEPT_LINEAR = replace_once('self.register_buffer("scale", scale)',
                            'self.register_buffer("scale", scale)\n        self.source = [linear]')
@@ -175,6 +197,8 @@ VARIANTS = {
         "def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:\n"
         "    from infracourse.kit.quant_eval import quantize_per_channel\n"
         "    return quantize_per_channel(weight)\n")}),
+    # the judge's greedy truth and recount, mounted for measure.py: refused before any comparison
+    "speculation that returns the course's greedy truth and recount": ("spec-greedy", {SPEC: JUDGES_SPECULATION}),
     # matches counted anywhere in the proposal, not only up to the first mismatch: tokens after it are kept
     "speculative acceptance that changes greedy output": ("spec-greedy", {SPEC: replace_once(
         "matched = (guessed == best[:, :d]).long().cumprod(1).sum(1)",
@@ -214,8 +238,9 @@ VARIANTS = {
 }
 
 
-# what each cancel variant's message must say: both fail `cancel`, each for its own reason
+# what a variant's message must say (both cancel variants fail `cancel`, each for its own reason)
 REASON = {"cancel that keeps emitting a token": "must never produce another token",
+          "speculation that returns the course's greedy truth and recount": "the grader's reference",
           "cancel that leaks the request's blocks": "blocks free"}
 # the same mistake seen through the HTTP server too
 ALSO = {"unbounded queue": "served-overload", "cancel that leaks the request's blocks": "served-cancel"}

@@ -22,7 +22,7 @@ import pytest
 
 from infracourse.kit.generate import seeded_prompts
 from infracourse.kit.speculative import CountedModel, batched_greedy, counts, draft_model, replay, target_model
-from week18_judging import require
+from week18_judging import learner_speculative, require
 
 N_NEW = 40
 SPEED_K, SPEED_NEW, BATCHES = 4, 32, (1, 2, 4, 8)
@@ -30,7 +30,7 @@ SPEED_K, SPEED_NEW, BATCHES = 4, 32, (1, 2, 4, 8)
 
 @pytest.fixture(scope="module")
 def spec(learner):
-    return learner.module("speculative")
+    return learner_speculative(learner)
 
 
 @pytest.fixture(scope="module")

@@ -28,3 +28,18 @@ def learner_quant(learner):
     require_own_implementation(learner.root, "quant.py", QUANT_REFERENCES,
                                "write quantize and Int8Linear yourself (measure.py may use kit.quant_eval)")
     return learner.module("quant")
+
+
+# kit.speculative is mounted for measure.py's baseline, but its batched_greedy is the judge's truth for spec-greedy
+# and its replay the judge's recount for spec-acceptance: a speculative.py returning their answers (a learner's
+# copy proved it) passed both without drafting or verifying anything
+SPECULATIVE_REFERENCES = ("infracourse.kit.speculative.batched_greedy", "infracourse.kit.speculative.replay")
+
+
+def learner_speculative(learner):
+    """The learner's speculative.py, once the judge's reading finds it calls none of the judge's greedy truth or
+    recount."""
+    require_own_implementation(learner.root, "speculative.py", SPECULATIVE_REFERENCES,
+                               "draft, verify and count the accepted tokens yourself (measure.py may use "
+                               "kit.speculative's batched_greedy as its baseline)")
+    return learner.module("speculative")
