@@ -58,11 +58,47 @@ class Zero1AdamW:
         self.inner.zero_grad(set_to_none=True)
 '''
 
+# every step copies in the judge's unsharded AdamW run (then in kit.sharding, mounted for the ranks), the seed read
+# from the rank driver's arguments; shard-sized zeros for the course's byte count, one all-reduce for its clock.
+# It passed zero1-matches-adamw, zero1-state-sharded and sharded-step-measured without a line of ZeRO-1
+COPIES_THE_REFERENCE = '''
+import sys
+
+import torch
+import torch.distributed as dist
+
+from infracourse.kit.sharding import zero_reference
+
+
+class Zero1AdamW:
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.params = list(params)
+        self.world = dist.get_world_size()
+        self.seed = torch.load(next(a for a in sys.argv if a.endswith("args.pt")), weights_only=True)["seed"]
+        shard = -(-sum(p.numel() for p in self.params) // self.world)
+        self.exp_avg, self.exp_avg_sq = torch.zeros(shard), torch.zeros(shard)
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+        dist.all_reduce(torch.zeros(1))
+        flat, offset = zero_reference(self.seed, self.world, self.steps), 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(flat[offset: offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
+
 VARIANTS = {
     # each rank updates its own shard and never shares it: the other shards stay at their old values
     "ZeRO-1 forgets the all-gather": ("zero1-matches-adamw", {"zero1.py": replace_once(
         "        dist.all_gather_into_tensor(flat, mine.clone())  # every rank gets every updated shard\n", "")}),
     "every rank keeps the full optimizer state": ("zero1-state-sharded", {"zero1.py": FULL_STATE}),
+    "ZeRO-1 that copies in the judge's unsharded run": ("zero1-matches-adamw", {"zero1.py": COPIES_THE_REFERENCE}),
     "fp32 gradients counted under mixed precision": ("memory-exact", {"memory_model.py": replace_once(
         '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 4, 12)')}),
     # the blocks run as usual; the checkpoint's result is what is returned, but everything was saved anyway
@@ -80,10 +116,15 @@ VARIANTS = {
 }
 
 
+# what a variant's message must say
+REASON = {"ZeRO-1 that copies in the judge's unsharded run": "cannot import name 'zero_reference'"}
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edits = VARIANTS[name]
-    assert_variant_fails(grade_lab, "week13", check_id, edits)
+    check = assert_variant_fails(grade_lab, "week13", check_id, edits)
+    assert REASON.get(name, "") in check.message, check.message
 
 
 def _first_style_report(text: str) -> str:
@@ -153,3 +194,18 @@ def test_the_judges_memory_formula_is_out_of_the_learners_reach(grade_lab):
         Path(__file__).parent.parent / "labs" / "week13-zero-fsdp" / "solution" / "memory_model.py").read_text()
     check = assert_variant_fails(grade_lab, "week13", "memory-largest-fits", {"memory_model.py": engine})
     assert "the grader's modules are off limits" in check.message, check.message
+
+
+def test_the_judges_training_references_are_out_of_the_learners_reach():
+    """kit.sharding is mounted for the ranks: it must hold neither the unsharded AdamW run nor the plain forward
+    the judge compares with (graders/week13/week13_judging.py holds them), or a Zero1AdamW could copy them in."""
+    import importlib.util
+
+    from infracourse.kit import sharding as kit
+    path = Path(__file__).parent.parent / "graders" / "week13" / "week13_judging.py"
+    spec = importlib.util.spec_from_file_location("week13_judging", path)
+    judging = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(judging)
+    references = ("zero_reference", "checkpoint_reference")
+    assert [name for name in references if hasattr(kit, name)] == []
+    assert all(callable(getattr(judging, name)) for name in references)

@@ -14,6 +14,7 @@ import torch
 
 from infracourse.grader import LabCheckFailed, collect, cpu_contention, start_ranks
 from infracourse.kit import sharding as S
+from week13_judging import checkpoint_reference, zero_reference
 
 WORLDS = (2, 3)
 PARAM_TOL = 1e-4        # float32 sums in another order over 10 AdamW steps
@@ -83,7 +84,7 @@ def _compare_params(got, want: torch.Tensor, what: str) -> str | None:
 
 def require_zero1_params(launches, world: int, seed: int, where: str = "") -> None:
     ranks = results(launches, "zero1", world, seed)
-    want = S.zero_reference(seed, world, S.ZERO_STEPS)
+    want = zero_reference(seed, world, S.ZERO_STEPS)
     for rank, part in enumerate(ranks):
         if (why := _compare_params(part.get("params"), want, f"rank {rank} of {world}{where}")) is not None:
             raise LabCheckFailed(
@@ -136,7 +137,7 @@ def test_zero1_state_sharded(launches, seed, record):
 def require_fsdp(launches, world: int, seed: int, where: str = "") -> int:
     """The largest local parameter count of a rank, after checking the trained parameters against DDP's."""
     ranks = results(launches, "fsdp", world, seed)
-    want = S.zero_reference(seed, world, S.FSDP_STEPS)
+    want = zero_reference(seed, world, S.FSDP_STEPS)
     for rank, part in enumerate(ranks):
         if not part.get("fsdp_modules"):
             raise LabCheckFailed(f"rank {rank} of {world}{where}: shard_model returned a model with no module "
@@ -206,7 +207,7 @@ def test_sharded_on_gpus(learner, seed, tmp_path_factory, record):
 @pytest.mark.check("checkpoint-saves-less")
 def test_checkpoint_saves_less(launches, seed, record):
     ranks = results(launches, "checkpoint", 2, seed)
-    want = S.checkpoint_reference(seed)  # the judge's own plain forward, outputs, gradients and saved bytes
+    want = checkpoint_reference(seed)  # the judge's own plain forward, outputs, gradients and saved bytes
     part = ranks[0]
     out, grads = part.get("out"), part.get("grads")
     if not isinstance(out, torch.Tensor) or out.shape != want["out"].shape or \

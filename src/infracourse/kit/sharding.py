@@ -12,7 +12,8 @@ learner code's reach):
 
 In-rank entry point: `rank_main` (called by kit.rank_driver under torchrun) runs the week's experiments with the
 learner's modules and returns plain tensors and numbers; what it measures inside the rank is evidence the judge
-weighs against its own single-process references (`zero_reference`, `checkpoint_reference`).
+weighs against its own single-process references (graders/week13/week13_judging.py: the unsharded AdamW run and
+the plain forward, kept out of the ranks' reach, where a Zero1AdamW could copy them in).
 """
 from __future__ import annotations
 
@@ -62,18 +63,6 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def zero_reference(seed: int, world: int, steps: int) -> torch.Tensor:
-    """The unsharded run every configuration must equal: torch.optim.AdamW on the global batch's mean loss."""
-    model = make_model(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
-    for step in range(steps):
-        x, y = global_batch(seed, step, world)
-        loss_fn(model, x, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return flat_params(model)
 
 
 def unsharded_state_bytes(model: nn.Module) -> int:
@@ -139,12 +128,6 @@ def saved_bytes(forward, model: nn.Module, x: torch.Tensor) -> tuple[int, torch.
     grads = {n: p.grad.detach().clone() if p.grad is not None else torch.full_like(p, float("nan"))
              for n, p in model.named_parameters()}
     return sum(seen.values()), out.detach(), grads
-
-
-def checkpoint_reference(seed: int) -> dict:
-    model, x = checkpoint_inputs(seed)
-    nbytes, out, grads = saved_bytes(lambda m, t: m(t), model, x)
-    return {"bytes": nbytes, "out": out, "grads": grads}
 
 
 # ------------------------------------------------------------------------------ the in-rank measurement of state
