@@ -45,7 +45,62 @@ AS_MHA = {"kv_cache.py": lambda text: replace_once(
                  "        q, k, v = block.attn.qkv_heads(block.norm1(x))\n"
                  "        k, v = (t.repeat(1, model.cfg.n_head // t.shape[1], 1, 1) for t in (k, v))\n")(text))}
 
+# the course's own cache and cached forward (kit.llama, mounted to load the checkpoint) run on the kit GPT, whose
+# pieces are the same: it passed cached-tokens, cache-work, checkpoint-tokens and cache-bytes without a cache
+# of its own
+COURSE_LLAMA_CACHE = '''from __future__ import annotations
+
+import types
+
+import torch
+
+from infracourse.kit.llama import KVCache as CourseCache, Llama
+
+
+class KVCache:
+    def __init__(self, cfg, capacity: int, dtype: torch.dtype, device, batch: int = 1):
+        layers = getattr(cfg, "n_layer", None) or cfg.layers
+        shape = types.SimpleNamespace(layers=layers, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                                      max_positions=capacity)
+        self.inner = CourseCache(shape, batch, capacity, device=device, dtype=dtype)
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+    def tensors(self) -> list[torch.Tensor]:
+        n = self.inner.length
+        return [t[:, :, :n] for pair in zip(self.inner.k, self.inner.v) for t in pair]
+
+
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens: int):
+    p = next(model.parameters())
+    batched = bool(prompt_ids) and isinstance(prompt_ids[0], (list, tuple))
+    ids = torch.tensor([list(x) for x in prompt_ids] if batched else [list(prompt_ids)], device=p.device)
+    cache = KVCache(model.cfg, ids.shape[1] + max_new_tokens, p.dtype, p.device, batch=ids.shape[0])
+    logits = Llama.forward(model, ids, cache.inner)[:, -1]
+    steps, rows = [], []
+    for step in range(max_new_tokens):
+        nxt = logits.float().argmax(-1)
+        steps.append(nxt.tolist())
+        rows.append(logits.float())
+        if step + 1 < max_new_tokens:
+            logits = Llama.forward(model, nxt[:, None], cache.inner)[:, -1]
+    tokens = [list(s) for s in zip(*steps)]
+    if not batched:
+        return tokens[0], torch.stack(rows)[:, 0], cache
+    return tokens, torch.stack(rows, dim=1), cache
+
+
+def kv_bytes(config, tokens: int, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layer * config.kv_heads * config.head_dim * tokens * element
+'''
+
 VARIANTS = {
+    # the judge's reading of kv_cache.py refuses the import before any comparison
+    "cache borrowed from kit.llama": ("cached-tokens", {"kv_cache.py": COURSE_LLAMA_CACHE}),
     # decode embeds every new token at position 0
     "cache that forgets the position offset": ("cached-tokens", {"kv_cache.py": replace_once(
         "x = model.embed(ids, cache.length)", "x = model.embed(ids, 0 if ids.shape[1] == 1 else cache.length)")}),
@@ -77,10 +132,15 @@ VARIANTS = {
 }
 
 
+# what a variant's message must say
+REASON = {"cache borrowed from kit.llama": "reaches infracourse.kit.llama, the grader's reference"}
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edits = VARIANTS[name]
-    assert_variant_fails(grade_lab, "week15", check_id, edits)
+    check = assert_variant_fails(grade_lab, "week15", check_id, edits)
+    assert REASON.get(name, "") in check.message, check.message
 
 
 def test_report_in_other_words_passes(grade_lab):
