@@ -61,6 +61,17 @@ def test_trace_failures_never_show_the_index(grade_lab):
         assert not leaked, (leaked, message)
 
 
+# paged_attention gathers each sequence's keys through its table, then returns the course's reference attention
+# (kit.paged_reference, mounted for the learner to read): it passed paged-attention without attention of its own
+REFERENCE_ATTENTION = replace_once(
+    "    B, H, hd = q.shape\n    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]\n",
+    "    from infracourse.kit.paged_reference import contiguous_attention\n"
+    "    pos = [torch.arange(int(n)) for n in context_lens]\n"
+    "    slots = [(block_tables[b][p // k_cache.shape[1]], p % k_cache.shape[1]) for b, p in enumerate(pos)]\n"
+    "    return contiguous_attention(q, [k_cache[s].transpose(0, 1) for s in slots],\n"
+    "                                [v_cache[s].transpose(0, 1) for s in slots]).to(q.dtype)\n"
+    "    B, H, hd = q.shape\n    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]\n")
+
 VARIANTS = {
     # free forgets the sequence's last block: it is neither free nor held by anyone
     "allocator that leaks on free": ("allocator-invariants", {"paged.py": replace_once(
@@ -87,6 +98,8 @@ VARIANTS = {
         "self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching",
         "self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, True")}),
     "invented KV bytes in the report": ("report", {"report.md": invented("kv_bytes_uncached", 1.5)}),
+    # refused by the judge's reading of paged.py before any comparison
+    "attention that returns the course's reference": ("paged-attention", {"paged.py": REFERENCE_ATTENTION}),
     "attention that reads one slot past the end": ("paged-attention", {"paged.py": replace_once(
         "valid = pos[None, :] < context_lens[:, None]", "valid = pos[None, :] <= context_lens[:, None]")}),
     "invented cached-token figure in the report": ("report", {"report.md": invented("cached_tokens", 1.5)}),
@@ -101,7 +114,12 @@ VARIANTS = {
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_its_check(grade_lab, name):
     check_id, edits = VARIANTS[name]
-    assert_variant_fails(grade_lab, "week16", check_id, edits)
+    check = assert_variant_fails(grade_lab, "week16", check_id, edits)
+    assert REASON.get(name, "") in check.message, check.message
+
+
+# what a variant's message must say
+REASON = {"attention that returns the course's reference": "contiguous_attention, the grader's reference"}
 
 
 @pytest.mark.slow
