@@ -195,7 +195,14 @@ VARIANTS = {
     # the deadline counted from the first token: a request that waits in the queue is never timed out there
     "deadline counted from admission": ("request-timeout", {"server.py": deadline_from_first_token}),
     "invented server memory in the report": ("report", {"report.md": invented("server_peak_rss_mb", 10.0)}),
+    # the course's static-batching server (mounted for the judge's baseline) served as the learner's: it passed
+    # greedy-outputs, blocks-freed and disconnect-frees; the judge's reading of server.py refuses it
+    "server that re-exports the course's static batcher": ("greedy-outputs", {"server.py": (
+        "from infracourse.kit.static_server import app  # noqa: F401\n")}),
 }
+
+# what a variant's message must say
+REASON = {"server that re-exports the course's static batcher": "reaches infracourse.kit.static_server"}
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -204,7 +211,8 @@ def test_wrong_variant_fails_its_check(grade_lab, name):
     (PHASE_CHECKS), as `infracourse grade week17 --check ID` does. The table's third item names other checks
     that may see the same mistake too; they are not graded here."""
     check_id, edits, *_ = VARIANTS[name]
-    assert_variant_fails(grade_lab, "week17", check_id, edits)
+    check = assert_variant_fails(grade_lab, "week17", check_id, edits)
+    assert REASON.get(name, "") in check.message, check.message
 
 
 # issue 31's load matrix: each wrong matrix fails load-matrix, saying what is wrong

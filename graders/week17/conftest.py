@@ -32,13 +32,14 @@ from infracourse.kit.hf_checkpoint import make_and_describe
 from infracourse.kit.llama import Llama
 from week17_judging import (GPU_CHECKPOINT, JOURNAL, LIVE_SERVERS, MATRIX_DIR, Served, keep_phase, matrix_seeds,
                             phase_burst, phase_disconnect, phase_load, phase_matrix, phase_pressure, phase_starvation,
-                            phase_timeout)
+                            phase_timeout, require_own_server)
 
 
 @pytest.fixture(scope="session")
 def learner_server(learner, device, tmp_path_factory):
     """The learner's server, up for the whole grade (the throughput check may measure it again). The course's
     ModelRunner journals every step into its scratch folder (its working folder): JOURNAL."""
+    require_own_server(learner.root)
     cfg = dataclasses.replace(batching.bench_config(device), step_journal=JOURNAL)
     with serving.serve(learner.root, "server:app", scratch=tmp_path_factory.mktemp("srv"), env=cfg.to_env(),
                        ready_timeout_s=60, device=device) as server:

@@ -20,8 +20,8 @@ from infracourse.kit import batching
 from infracourse.kit.llama_serving import greedy_mismatch, weight_bytes
 from infracourse.kit.loadgen import compute_metrics
 from week17_judging import (GPU_CHECKED, GPU_NEAR_TIE, JOURNAL, LIVE_SERVERS, check_device_memory,
-                            compare_with_static, gpu_config, paused, read_journal, read_memory, teach, tokens_of,
-                            tokens_through_runner, wait_idle)
+                            compare_with_static, gpu_config, paused, read_journal, read_memory, require_own_server,
+                            teach, tokens_of, tokens_through_runner, wait_idle)
 
 
 def run_server(app_dir: Path, app: str, checkpoint: Path, seed: int, who: str) -> dict:
@@ -66,6 +66,7 @@ def test_continuous_batching_on_the_device(learner, seed, gpu_checkpoint, gpu_ju
     s, checkpoint, judge = seed % 10_000, gpu_checkpoint, gpu_judge_model
     what = (f"seed {s}: a {judge.cfg.layers}-layer bf16 checkpoint on the device, no step floor, the load point "
             f"({len(batching.bench_specs(s))} requests, {batching.BENCH_CONCURRENCY} in flight)")
+    require_own_server(learner.root)
     with paused(LIVE_SERVERS):
         mine = run_server(learner.root, "server:app", checkpoint, s, "learner")
         static = run_server(tmp_path_factory.mktemp("static-app"), "infracourse.kit.static_server:app", checkpoint,

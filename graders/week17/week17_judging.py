@@ -17,7 +17,7 @@ import psutil
 
 import torch
 
-from infracourse.grader import LabCheckFailed, WrongOutput, cpu_contention, serving
+from infracourse.grader import LabCheckFailed, WrongOutput, cpu_contention, require_own_implementation, serving
 from infracourse.kit import batching
 from infracourse.kit.load_matrix import LoadCell, load_matrix, run_cell
 from infracourse.kit.loadgen import RequestSpec, compute_metrics, request_matrix
@@ -27,6 +27,20 @@ PERCENTILES = (50, 95, 99)
 STARVE_SHORTS, STARVE_LONG_AT = 30, 8  # the starvation phase's short requests; where its long prompt is
 FILL_WAIT_S = 5.0  # how long the starvation phase waits for its fillers to take every slot (one step, idle)
 NEAR_TIE = 1e-4  # a token within this of the best logit counts as greedy (batched sums round differently)
+
+
+# kit.static_server is mounted for the judge's baseline run (throughput-vs-static), and it is a whole server of the
+# lab's API: a server.py that re-exported its app (a learner's copy proved it) passed greedy-outputs, blocks-freed
+# and disconnect-frees with neither an engine nor a server of its own
+STATIC_BASELINE = ("infracourse.kit.static_server",)
+
+
+def require_own_server(learner_root) -> None:
+    """server.py and engine.py, read before the server starts: neither may reach the course's static batcher."""
+    for file in ("server.py", "engine.py"):
+        require_own_implementation(learner_root, file, STATIC_BASELINE,
+                                   "write the engine and the server yourself; kit.static_server is the baseline "
+                                   "the judge times yours against")
 
 
 @dataclass
