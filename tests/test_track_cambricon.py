@@ -84,6 +84,31 @@ def test_estimate_that_measures_instead_fails(grade_lab):
                          track=TRACK)
 
 
+
+# kit.porting is mounted for run.py's stand-in device, and it holds the judge's side: each file below returned the
+# judge's own answer and passed its check, until the judge's reading refused kit.porting in the graded file
+PORTING_SHORTCUTS = {
+    "reference.capture returns kit.porting.reference_run": ("week22", "reference-run", "reference.py", replace_once(
+        "    cfg = GPTConfig(**{**CONFIG, **config})\n    model = GPT(cfg, seed=seed).eval()\n",
+        "    from infracourse.kit.porting import reference_run\n    return reference_run(config, seed, batch)\n"
+        "    cfg = GPTConfig(**{**CONFIG, **config})\n    model = GPT(cfg, seed=seed).eval()\n")),
+    "ops.traced_ops returns kit.porting.traced_ops": ("week23", "op-list", "ops.py", replace_once(
+        "    cfg = GPTConfig(**{**CONFIG, **config})\n    model = GPT(cfg, seed=0).eval()\n",
+        "    from infracourse.kit import porting\n    return dict(porting.traced_ops(config, batch))\n"
+        "    cfg = GPTConfig(**{**CONFIG, **config})\n    model = GPT(cfg, seed=0).eval()\n")),
+    "harness figures from kit.porting.layer_metrics": ("week23", "harness-clean", "harness.py", replace_once(
+        "    max_abs = diff.max().item()\n    cosine = torch.nn.functional.cosine_similarity(ref, dev, dim=0).item()\n",
+        "    from infracourse.kit.porting import layer_metrics\n"
+        "    max_abs, cosine = layer_metrics(reference, device).values()\n")),
+}
+
+
+@pytest.mark.parametrize("name", PORTING_SHORTCUTS)
+def test_the_judges_porting_answers_are_refused(grade_lab, name):
+    week, check_id, file, edit = PORTING_SHORTCUTS[name]
+    check = assert_variant_fails(grade_lab, week, check_id, {file: edit}, track=TRACK)
+    assert f"{file}:" in check.message and "reaches infracourse.kit.porting" in check.message, check.message
+
 def test_report_with_a_simulated_mlu_latency_fails(grade_lab):
     edit = replace_once("failure_max_abs_error: 2.86e-4\n", "failure_max_abs_error: 2.86e-4\nmlu_forward_ms: 1.9\n")
     assert_variant_fails(grade_lab, "week24", "report", {"report.md": edit}, track=TRACK)

@@ -11,7 +11,7 @@ import pytest
 
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import KINDS, MODES, Perturbation, device_run, layer_metrics, reference_run
-from track_cambricon_judging import BATCH, model_of, read_raw
+from track_cambricon_judging import BATCH, learner_module, model_of, read_raw
 
 # the judge's perturbations: big against the dtype's rounding, small against a careless tolerance
 FP32_NOISE, BF16_NOISE = 1e-2, 0.2  # x rms of the layer's output
@@ -57,7 +57,7 @@ def _verdict(harness, reference: dict, device: dict, what: str) -> dict:
 
 @pytest.fixture(scope="module")
 def harness(learner):
-    return learner.module("harness")
+    return learner_module(learner, "harness")
 
 
 @pytest.mark.check("harness-clean")

@@ -7,7 +7,7 @@ import pytest
 
 from infracourse.grader import CallRecord, LabCheckFailed, check_formula, check_measured
 from infracourse.kit.porting import CONFIG, measured_bytes
-from track_cambricon_judging import BATCH
+from track_cambricon_judging import BATCH, learner_module
 
 CASES = [  # model configs (kit.porting.CONFIG's keys), with a batch and bytes per element
     dict(CONFIG, batch=BATCH, dtype_bytes=4),
@@ -54,7 +54,7 @@ def _require_formula(fn, name: str, case: dict) -> None:
 
 @pytest.mark.check("device-memory-estimate")
 def test_device_memory_estimate(learner, record):
-    est = learner.module("estimates")
+    est = learner_module(learner, "estimates")
     no_batch = [{k: v for k, v in c.items() if k != "batch"} for c in CASES]
     _require_formula(est.weight_bytes, "weight_bytes", no_batch[0])
     _require_formula(est.kv_cache_bytes, "kv_cache_bytes", CASES[0])
@@ -82,7 +82,7 @@ def test_mlu_memory(learner, record):
 
     from infracourse.kit.porting import build
 
-    est = learner.module("estimates")
+    est = learner_module(learner, "estimates")
     model, ids = build({}, 0, BATCH)
     model, ids = model.to("mlu"), ids.to("mlu")
     torch.mlu.synchronize()

@@ -10,7 +10,7 @@ import pytest
 
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import build, layer_outputs, reference_run
-from track_cambricon_judging import BATCH
+from track_cambricon_judging import BATCH, learner_module
 
 
 def _on_mlu():
@@ -27,7 +27,7 @@ def test_mlu_precision(learner):
     reference = reference_run({}, 0, BATCH)
     outputs = layer_outputs(model, ids)
     device = {name: out.float().cpu() for name, out in outputs.items()}
-    verdict = learner.module("harness").compare(reference, device)
+    verdict = learner_module(learner, "harness").compare(reference, device)
     if verdict.get("first_divergent") is not None:
         raise LabCheckFailed(f"on the MLU your harness finds {verdict['first_divergent']!r} out of tolerance: "
                              "the port diverges there; see raw data and the layer's op in your call chain")

@@ -10,7 +10,7 @@ import yaml
 
 from infracourse.grader import LabCheckFailed
 from infracourse.kit.porting import cpu_kernel_key, dispatch_keys, has_kernel, python_callable, resolve_op, traced_ops
-from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
+from track_cambricon_judging import BATCH, OTHER, learner_module, model_of, read_raw
 
 STATUSES = ("supported", "partial", "unsupported", "not a kernel", "unknown")
 DEVICE_KEYS = ("PrivateUse1", "AutogradPrivateUse1")  # where an out-of-tree backend such as torch_mlu registers
@@ -34,7 +34,7 @@ def _diff(mine: dict, ours: dict, what: str) -> None:
 
 @pytest.mark.check("op-list")
 def test_op_list(learner, record):
-    ops = learner.module("ops")
+    ops = learner_module(learner, "ops")
     for model, batch in (({}, BATCH), (OTHER, 3)):
         got = ops.traced_ops(model, batch)
         if not isinstance(got, dict) or not all(isinstance(k, str) and type(v) is int for k, v in got.items()):

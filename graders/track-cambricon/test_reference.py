@@ -9,7 +9,7 @@ import torch
 
 from infracourse.grader import LabCheckFailed, assert_close
 from infracourse.kit.porting import reference_run
-from track_cambricon_judging import BATCH, OTHER, model_of, read_raw
+from track_cambricon_judging import BATCH, OTHER, learner_module, model_of, read_raw
 
 REL = 1e-6  # the same float32 computation in another process: equal up to the summation order of a matmul
 
@@ -33,7 +33,7 @@ def _same_layers(mine: dict, ours: dict, what: str) -> None:
 
 @pytest.mark.check("reference-run")
 def test_reference_run(learner, seed):
-    ref = learner.module("reference")
+    ref = learner_module(learner, "reference")
     for model, batch in (({}, BATCH), (OTHER, 3)):
         what = f"reference.capture({model}, seed={seed}, batch={batch})"
         mine = _as_layers(ref.capture(model, seed, batch), what)

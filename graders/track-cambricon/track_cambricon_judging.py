@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import json
 
-from infracourse.grader import LabCheckFailed
+from infracourse.grader import LabCheckFailed, require_own_implementation
 
 
 BATCH = 2
 # a second model the judge asks for: grouped KV heads and three layers (other ops, other shapes)
 OTHER = dict(n_layer=3, n_kv_head=2, d_model=48, n_head=4, seq_len=32, vocab_size=96)
 
+
+def learner_module(learner, name: str):
+    """The learner's `name`.py, once the judge's reading finds it reaches nothing of kit.porting: mounted for run.py's
+    stand-in device, it also holds the judge's reference run, op export, layer metrics and byte counts, and a
+    reference.capture returning reference_run (or ops.traced_ops returning traced_ops; a learner's copy proved
+    both) passed its check with no work of its own."""
+    require_own_implementation(learner.root, f"{name}.py", ("infracourse.kit.porting",),
+                               "write it yourself (read kit.porting, do not call it); run.py may use its stand-in "
+                               "device (device_run, Perturbation)")
+    return learner.module(name)
 
 def read_raw(learner, name: str) -> dict:
     """raw/<name> from the learner's folder, as a JSON object; fails saying how to produce it."""
