@@ -17,6 +17,7 @@ The learner's code never runs here: it runs in the sandboxed worker the judge st
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import signal
@@ -195,6 +196,10 @@ def _serve(control_fd: int) -> None:
     control = socket.socket(fileno=control_fd)
     for name in PRELOAD:
         importlib.import_module(name)
+    # The preloaded modules' ~180,000 objects live as long as any judge: kept out of the collector's sight, so a
+    # judge's full collections (pytest runs five at its end; the automatic ones of a long check) walk only what the
+    # judge made itself, about 30 ms each less (and the forked pages stay shared: a collection writes to them).
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the forked helpers are reaped by the kernel
     control.send(b"ready")
     while True:
