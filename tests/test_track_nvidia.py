@@ -72,9 +72,16 @@ def measured_here(machine, tmp_path, files: dict[str, str] | None = None) -> dic
     return edits
 
 
-def test_kit_hotspot_reference_figures():
+def _judging(monkeypatch):
+    """graders/track-nvidia/track_nvidia_judging.py, the judge's side (never mounted in the sandbox)."""
+    monkeypatch.syspath_prepend(str(REPO / "graders" / "track-nvidia"))
+    import track_nvidia_judging
+    return track_nvidia_judging
+
+
+def test_kit_hotspot_reference_figures(monkeypatch):
     """The course side the judge measures with: the unfused baseline is the model's own norm, the Amdahl bound,
-    and the FLOPs formula against what torch counts (matmuls; CPU attention has no flop formula)."""
+    and the judge's FLOPs formula against what torch counts (matmuls; CPU attention has no flop formula)."""
     import torch
 
     from infracourse.kit import hotspot
@@ -91,8 +98,26 @@ def test_kit_hotspot_reference_figures():
     counted, with_attention = hotspot.counted_flops(model, *synthetic_batch(size.config, size.batch, seed=0))
     cfg = size.config
     attention = 3 * size.tokens * cfg.n_layer * 4 * cfg.seq_len * cfg.d_model
-    assert counted + (0 if with_attention else attention) == hotspot.model_flops_per_step(cfg, size.tokens)
+    formula = _judging(monkeypatch).model_flops_per_step
+    assert counted + (0 if with_attention else attention) == formula(cfg, size.tokens)
 
+
+
+# estimates.py returning the course's FLOPs formula, then in kit.hotspot (mounted for run.py): it passed mfu-estimate
+COURSE_FORMULA = ("from infracourse.kit.gpt import GPTConfig\n"
+                  "from infracourse.kit.hotspot import model_flops_per_step as course_formula\n\n\n"
+                  "def model_flops_per_step(config: dict, tokens: int) -> int:\n"
+                  "    return course_formula(GPTConfig(**config), tokens)\n")
+
+
+def test_the_judges_flops_formula_is_out_of_the_learners_reach(grade_lab, monkeypatch):
+    """The formula mfu-estimate compares with is graders/track-nvidia/track_nvidia_judging.py's, not the kit's."""
+    from infracourse.kit import hotspot
+    assert not hasattr(hotspot, "model_flops_per_step") and callable(_judging(monkeypatch).model_flops_per_step)
+    _, checks = grade_lab("week23", edits={"estimates.py": COURSE_FORMULA}, track=TRACK, checks=["mfu-estimate"])
+    check = checks["mfu-estimate"]
+    assert check.status != "passed" and "cannot import name 'model_flops_per_step'" in check.message, \
+        (check.status, check.message)
 
 def test_week22_solution_passes_with_its_own_checks_only(grade_lab, machine, tmp_path):
     checks = assert_solution_passes(grade_lab, machine, "week22", edits=measured_here(machine, tmp_path), track=TRACK)

@@ -8,7 +8,7 @@ from infracourse.grader import build_inputs, check_formula, check_measured, toke
 from infracourse.kit import hotspot
 from infracourse.kit.gpt import GPT, GPTConfig
 from infracourse.kit.probes import GPTTrainer
-from track_nvidia_judging import judge_seconds
+from track_nvidia_judging import judge_seconds, model_flops_per_step
 
 CONFIGS = [  # (config, tokens): widths, depths, a vocabulary larger than d_model, grouped KV heads, mlp_ratio
     (GPTConfig(vocab_size=256, seq_len=64, d_model=128, n_head=4, n_layer=2), 256),
@@ -19,7 +19,7 @@ CONFIGS = [  # (config, tokens): widths, depths, a vocabulary larger than d_mode
 
 
 def _reference(config: dict, tokens: int) -> int:
-    return hotspot.model_flops_per_step(GPTConfig(**config), tokens)
+    return model_flops_per_step(GPTConfig(**config), tokens)
 
 
 def _peak_tflops(hardware, device) -> tuple[float, str]:

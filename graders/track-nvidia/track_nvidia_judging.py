@@ -9,11 +9,26 @@ import torch
 from infracourse.grader import (LabCheckFailed, BuildInWorker, assert_close, assert_grad_close, build_inputs, dtype_name,
                                 in_worker, reference_time, scaled, timed)
 from infracourse.kit import hotspot
+from infracourse.kit.gpt import GPTConfig
 from infracourse.kit.probes import ForwardBackward
 
 
 EPS = hotspot.EPS
 
+
+
+def model_flops_per_step(cfg: GPTConfig, tokens: int) -> int:
+    """The reference formula of the MFU estimate, judge side only (in kit.hotspot, mounted for run.py, an
+    estimates.py returning it passed mfu-estimate): FLOPs of one training step (forward + backward = 3 x forward)
+    of the course GPT over `tokens` tokens.
+
+    Matmuls per token, forward: 2 x (weights of qkv, proj, up, down per layer, and the tied head). Attention per
+    token and layer, forward: QK^T and AV over seq_len keys, 2 x 2 x seq_len x d_model (full, causal or not)."""
+    C, L, T = cfg.d_model, cfg.n_layer, cfg.seq_len
+    kv = cfg.kv_heads * cfg.head_dim
+    weights = L * (C * (C + 2 * kv) + C * C + 2 * cfg.mlp_ratio * C * C) + C * cfg.vocab_size
+    attention = L * 4 * T * C
+    return 3 * tokens * (2 * weights + attention)
 
 def norm_spec(rows: int, cols: int, dtype: torch.dtype, device: str, seed: int):
     """(x, weight = 1 + 0.5 randn, dy) of one norm call, built alike by the judge and the worker."""

@@ -9,7 +9,7 @@ grading worker (kit.probes), and what comes back is evidence the judge checks ag
     share = hotspot_share(op_s, step_s, size)       # norms per step x one norm's forward + backward / step
     amdahl_bound(share, speedup)                    # the best step speed-up an operator speed-up allows
     counts_of(record)                               # kernel launches and copies a watched call made
-    model_flops_per_step(cfg, tokens)               # the reference formula of the MFU estimate
+    counted_flops(model, idx, targets)              # the FLOPs torch counts in one training step
 """
 from __future__ import annotations
 
@@ -200,18 +200,8 @@ def count_call(fn: Callable, *args) -> Counts:
 
 
 # ---------------------------------------------------------------- model FLOPs and MFU
-def model_flops_per_step(cfg: GPTConfig, tokens: int) -> int:
-    """FLOPs of one training step (forward + backward = 3 x forward) of the course GPT over `tokens` tokens.
-
-    Matmuls per token, forward: 2 x (weights of qkv, proj, up, down per layer, and the tied head). Attention per
-    token and layer, forward: QK^T and AV over seq_len keys, 2 x 2 x seq_len x d_model (full, causal or not)."""
-    C, L, T = cfg.d_model, cfg.n_layer, cfg.seq_len
-    kv = cfg.kv_heads * cfg.head_dim
-    weights = L * (C * (C + 2 * kv) + C * C + 2 * cfg.mlp_ratio * C * C) + C * cfg.vocab_size
-    attention = L * 4 * T * C
-    return 3 * tokens * (2 * weights + attention)
-
-
+# (the reference formula of the MFU estimate is the judge's, graders/track-nvidia/track_nvidia_judging.py: here,
+# mounted for run.py, an estimates.py could return it as its own)
 def counted_flops(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> tuple[int, bool]:
     """(FLOPs torch's FlopCounterMode counts in one forward + backward, whether attention was among them).
 
