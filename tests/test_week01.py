@@ -109,6 +109,21 @@ def test_a_percentile_that_sorts_the_callers_list_fails(grade_lab):
     assert "reordered the caller's list" in check.message and "sorted(samples)" in check.message, check.message
 
 
+def test_a_compiled_loop_built_by_the_grader_kit_fails(grade_lab):
+    """kit.native is mounted for the grader's own build of loop_sum.c; measure_compiled timing its CompiledLoop
+    passed compiled-loop without cc or ctypes of its own."""
+    kit_build = replace_once(
+        '    source = Path(__file__).with_name("loop_sum.c")\n',
+        '    from infracourse.kit.native import CompiledLoop\n'
+        '    loop = CompiledLoop(Path(__file__).with_name("loop_sum.c"), n, 0)\n'
+        '    samples = time_calls(loop.total, warmup=3, reps=reps, sync=no_sync)\n'
+        '    return {"n": n, "c_ns_per_element": statistics.median(samples) / n * 1e9, "total": loop.total(),\n'
+        '            "samples": samples}\n'
+        '    source = Path(__file__).with_name("loop_sum.c")\n')
+    check = assert_variant_fails(grade_lab, "week01", "compiled-loop", {"benchmark.py": kit_build})
+    assert "benchmark.py:" in check.message and "reaches infracourse.kit.native" in check.message, check.message
+
+
 HONEST = Path(__file__).parent / "fixtures" / "honest" / "week01"
 
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from infracourse.grader import LabCheckFailed
+from infracourse.grader import LabCheckFailed, require_own_implementation
 from infracourse.kit import native
 from infracourse.kit.native import seeded_values
 
@@ -54,6 +54,11 @@ def test_compiled_loop(experiments, learner, seed, record):
     course = learner.build(native.CompiledLoop, None, n, seed)
     clock = learner.worker.clock("cpu")  # the C loops run on the CPU whatever the machine
     course_ns, their_ns = _ns_per_element(course, n, clock), _ns_per_element(theirs, n, clock)
+    # kit.native is mounted for the grader's CompiledLoop: it is measure_compiled's compile-and-load, written
+    # (a benchmark.py timing CompiledLoop.total passed this check without cc or ctypes of its own)
+    require_own_implementation(learner.root, "benchmark.py", ("infracourse.kit.native",),
+                               "compile loop_sum.c with cc and load it with ctypes yourself; kit.native is the "
+                               "grader's own build of your C file")
     t0 = clock()  # the worker's CPU seconds: on a busy machine a round trip takes wall time but does no work
     result = experiments.measure_compiled(n)
     call_s = clock() - t0
