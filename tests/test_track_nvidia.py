@@ -110,6 +110,7 @@ COURSE_FORMULA = ("from infracourse.kit.gpt import GPTConfig\n"
                   "    return course_formula(GPTConfig(**config), tokens)\n")
 
 
+@pytest.mark.variant
 def test_the_judges_flops_formula_is_out_of_the_learners_reach(grade_lab, monkeypatch):
     """The formula mfu-estimate compares with is graders/track-nvidia/track_nvidia_judging.py's, not the kit's."""
     from infracourse.kit import hotspot

@@ -81,6 +81,12 @@ VARIANTS = {
     # class 4: the right batches, but packed.npy read whole into memory instead of mapped
     "packed file read into memory": ("packed-mapped", {LOADERS: replace_once(
         'np.load(self.root / "packed.npy", mmap_mode="r")', 'np.load(self.root / "packed.npy")')}),
+    # class 4: the judge's truth (kit.data.ImageSet.arrays, regenerated from the seed) returned as the packed
+    # batches: readers-correct passes, packed-mapped's probe dataset, whose packed.npy differs, does not
+    "packed batches from the seed's arrays": ("packed-mapped", {LOADERS: replace_once(
+        '            self.images = np.load(self.root / "packed.npy", mmap_mode="r")\n',
+        "            from infracourse.kit.data import ImageSet\n"
+        "            self.images = ImageSet().arrays()[0]\n")}),
     # class 4: "packed" batches gathered from the per-sample files
     "packed reads the per-sample files": ("packed-mapped", {LOADERS: replace_once(
         "        return torch.from_numpy(self.images[indices]), torch.from_numpy(self.labels[indices])\n",

@@ -103,6 +103,25 @@ def test_wrong_variant_fails_its_check(grade_lab, file, name):
     assert_variant_fails(grade_lab, "week04", check_id, {file: edit})
 
 
+# blocks.py whose three modules are kit.gpt's own (the judge's references, mounted for the worker)
+COURSE_MODULES = ("from infracourse.kit import gpt\n\n\n"
+                  "class RMSNorm(gpt.RMSNorm):\n    pass\n\n\n"
+                  "class CausalSelfAttention(gpt.CausalSelfAttention):\n    pass\n\n\n"
+                  "class MLP(gpt.MLP):\n    pass\n")
+
+
+@pytest.mark.variant
+def test_blocks_that_are_the_courses_own_fail(grade_lab):
+    """The judge's reference modules returned as the learner's give its answers exactly; each block check still
+    fails them on their mechanism: no RMSNormFunction node, the fused attention and GELU ops."""
+    layouts = (Path(__file__).parent.parent / "labs" / "week04-tensors-autograd" / "solution" / "blocks.py").read_text()
+    edits = {"blocks.py": COURSE_MODULES + layouts[layouts.index("\ndef layouts("):]}
+    _, checks = grade_lab("week04", edits=edits, checks=["block-norm", "block-attention", "block-mlp"])
+    for check_id, cause in (("block-norm", "has no RMSNormFunction node"), ("block-attention", "scaled_dot_product"),
+                            ("block-mlp", "called ['gelu']")):
+        assert checks[check_id].status == "failed" and cause in checks[check_id].message, \
+            (check_id, checks[check_id].status, checks[check_id].message)
+
 def test_report_in_other_words_passes(grade_lab):
     """The report check reads figures, not phrases: the solution's prose said differently still passes."""
     _, checks = grade_lab("week04", edits={"report.md": reworded}, checks=["report"])

@@ -101,6 +101,15 @@ def kv_bytes(config, tokens: int, dtype: torch.dtype) -> int:
 VARIANTS = {
     # the judge's reading of kv_cache.py refuses the import before any comparison
     "cache borrowed from kit.llama": ("cached-tokens", {"kv_cache.py": COURSE_LLAMA_CACHE}),
+    # generate returns the judge's reference itself (kit.generate.greedy_generate): cached-tokens and
+    # checkpoint-tokens pass, the counted forward passes show the recomputation
+    "generate that is the kit's full recomputation": ("cache-work", {"kv_cache.py": replace_once(
+        "def generate(model, prompt_ids, max_new_tokens: int):\n",
+        "def generate(model, prompt_ids, max_new_tokens: int):\n"
+        "    from infracourse.kit.generate import greedy_generate\n"
+        "    if not (prompt_ids and isinstance(prompt_ids[0], (list, tuple))):\n"
+        "        tokens, logits = greedy_generate(model, prompt_ids, max_new_tokens, return_logits=True)\n"
+        "        return tokens, logits, KVCache(model.cfg, 1, torch.float32, 'cpu')\n")}),
     # decode embeds every new token at position 0
     "cache that forgets the position offset": ("cached-tokens", {"kv_cache.py": replace_once(
         "x = model.embed(ids, cache.length)", "x = model.embed(ids, 0 if ids.shape[1] == 1 else cache.length)")}),
@@ -133,7 +142,8 @@ VARIANTS = {
 
 
 # what a variant's message must say
-REASON = {"cache borrowed from kit.llama": "reaches infracourse.kit.llama, the grader's reference"}
+REASON = {"cache borrowed from kit.llama": "reaches infracourse.kit.llama, the grader's reference",
+          "generate that is the kit's full recomputation": "running the sequence again recomputes what the cache holds"}
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
