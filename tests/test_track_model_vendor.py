@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import replace_once
+from conftest import REPO, replace_once
 from labproof import assert_solution_passes, assert_variant_fails
 from infracourse.kit import moe as kit
 
@@ -75,9 +75,17 @@ def test_experts_record_tokens_padding_and_strangers():
     assert torch.allclose(real(table[:3]), kit.expert_fn(table[:3], c["w_in"][5], c["w_out"][5]))
 
 
-def test_all_to_all_bytes_formula():
-    assert kit.all_to_all_bytes(32, 16, 2, 4, 8) == 12288
-    assert kit.all_to_all_bytes(10, 4, 1, 1, 2) == 0  # one rank: nothing leaves it
+def _judging(monkeypatch):
+    """graders/track-model-vendor/track_model_vendor_judging.py, the judge's side (never mounted in the sandbox)."""
+    monkeypatch.syspath_prepend(str(REPO / "graders" / "track-model-vendor"))
+    import track_model_vendor_judging
+    return track_model_vendor_judging
+
+
+def test_all_to_all_bytes_formula(monkeypatch):
+    all_to_all_bytes = _judging(monkeypatch).all_to_all_bytes
+    assert all_to_all_bytes(32, 16, 2, 4, 8) == 12288
+    assert all_to_all_bytes(10, 4, 1, 1, 2) == 0  # one rank: nothing leaves it
     assert kit.capacity_for(32, 2, 8, 1.0) == 8 and kit.capacity_for(32, 2, 8, 1.25) == 10
     assert kit.capacity_for(32, 2, 8, None) is None
 
@@ -157,6 +165,18 @@ def test_a_dense_moe_that_calls_the_reference_fails(grade_lab):
     check = assert_variant_fails(grade_lab, "week22", "dense-baseline", {"moe.py": edit}, track=TRACK)
     assert "the grader's reference" in check.message and "moe.py:" in check.message, check.message
 
+
+
+@pytest.mark.variant
+def test_the_judges_all_to_all_formula_is_out_of_the_learners_reach(grade_lab, monkeypatch):
+    """kit.moe, mounted, held the formula all-to-all-bytes compares with: an estimates.py that re-exported it
+    passed. It is now track_model_vendor_judging's, and the same file no longer imports."""
+    assert not hasattr(kit, "all_to_all_bytes") and callable(_judging(monkeypatch).all_to_all_bytes)
+    edits = {"estimates.py": "from infracourse.kit.moe import all_to_all_bytes  # noqa: F401\n"}
+    _, checks = grade_lab("week23", edits=edits, track=TRACK, checks=["all-to-all-bytes"])
+    check = checks["all-to-all-bytes"]
+    assert check.status != "passed" and "cannot import name 'all_to_all_bytes'" in check.message, \
+        (check.status, check.message)
 
 @pytest.mark.slow
 @pytest.mark.variant

@@ -8,8 +8,8 @@ import pytest
 
 from infracourse.grader import LabCheckFailed, check_formula, check_measured
 from infracourse.kit import moe as kit
-from track_model_vendor_judging import (SMALL_WORLD, combined_once, compare_outputs, learner_placement, pairs_once,
-                                        require_all_to_all, skewed_load)
+from track_model_vendor_judging import (SMALL_WORLD, all_to_all_bytes, combined_once, compare_outputs,
+                                        learner_placement, pairs_once, require_all_to_all, skewed_load)
 
 DTYPE_BYTES = 8        # the launch's tensors are float64
 EPLB_GAIN = 0.8        # the rebalanced maximum rank load must be at most 0.8 x the contiguous one
@@ -105,7 +105,7 @@ def test_all_to_all_bytes(ep, learner, record):
     cases = [{"tokens": t, "hidden": h, "top_k": k, "world": w, "dtype_bytes": b}
              for t, h, k, w, b in ((32, 16, 2, 4, 8), (4096, 7168, 8, 8, 2), (1000, 64, 1, 2, 4),
                                    (512, 1024, 2, 3, 2), (7, 5, 3, 1, 4))]
-    check_formula("all_to_all_bytes", estimates.all_to_all_bytes, kit.all_to_all_bytes, cases)
+    check_formula("all_to_all_bytes", estimates.all_to_all_bytes, all_to_all_bytes, cases)
     estimate = float(estimates.all_to_all_bytes(tokens=kit.TOKENS, hidden=kit.D_MODEL, top_k=kit.TOP_K,
                                                 world=ep.world, dtype_bytes=DTYPE_BYTES))
     # the judge's count (uniform routing, no capacity): the rows a rank sends to other ranks in the dispatch and
@@ -121,7 +121,7 @@ def test_all_to_all_bytes(ep, learner, record):
                     sent[rank] += 1        # combine: this rank sends the result back
     measured = [n * kit.D_MODEL * DTYPE_BYTES for n in sent]
     mean = sum(measured) / len(measured)
-    record("all_to_all bytes per rank, estimate", estimate, target=kit.all_to_all_bytes(
+    record("all_to_all bytes per rank, estimate", estimate, target=all_to_all_bytes(
         kit.TOKENS, kit.D_MODEL, kit.TOP_K, ep.world, DTYPE_BYTES), unit="B")
     record("all_to_all bytes per rank, counted", mean, unit="B")
     wire = [sum(n for op, n in ((ep.run.probes[r] or {}).get("uniform-free", {}).get("bytes", {})).items()

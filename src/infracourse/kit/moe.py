@@ -12,7 +12,8 @@ Judge side
   in row-major order of the (T, k) choices (token order, then the choice order); the rest are dropped: they
   contribute nothing and are counted. Gates are not renormalised after a drop.
 - `routing_stats`, `imbalance`, `contiguous_placement`, `rank_loads`, `balanced_split_loads`: load statistics.
-- `all_to_all_bytes`: the estimate's reference formula.
+  (The all-to-all estimate's formula is graders/track-model-vendor/track_model_vendor_judging.py's: here, mounted,
+  an estimates.py could return it as its own.)
 
 Rank side
 - `Expert`: one expert replica (gelu(x @ w_in) @ w_out, or, counting, the one-hot row of its logical expert id)
@@ -165,12 +166,6 @@ def balanced_split_loads(placement: list[list[int]], per_expert: list[int]) -> l
         for e in row:
             replicas[e] += 1
     return [sum(per_expert[e] / replicas[e] for e in row) for row in placement]
-
-
-def all_to_all_bytes(tokens: int, hidden: int, top_k: int, world: int, dtype_bytes: int) -> float:
-    """Bytes one rank sends to OTHER ranks in one forward (dispatch + combine), no drops, each assignment
-    equally likely to land on any rank: 2 * tokens * k * hidden * dtype_bytes * (world - 1) / world."""
-    return 2 * tokens * top_k * hidden * dtype_bytes * (world - 1) / world
 
 
 # --------------------------------------------------------------------------------------------- in each rank
