@@ -93,12 +93,51 @@ class Zero1AdamW:
             p.grad = None
 '''
 
+# the same copy made without the judge's function: kit.sharding's workload replayed as one unsharded AdamW run
+# from the seed in the rank driver's arguments (in-process, a learner can always find what its caller holds),
+# shard-sized zeros for the byte count, one small all-reduce for the clock. Right parameters, no sharded update:
+# the course counts every step's collective bytes, and the shards are never reduced or gathered
+REPLAYS_THE_RUN = '''
+import sys
+
+import torch
+import torch.distributed as dist
+
+from infracourse.kit import sharding as S
+
+
+class Zero1AdamW:
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.params, self.world, self.steps = list(params), dist.get_world_size(), 0
+        self.seed = torch.load(next(a for a in sys.argv if a.endswith("args.pt")), weights_only=True)["seed"]
+        shard = -(-sum(p.numel() for p in self.params) // self.world)
+        self.exp_avg, self.exp_avg_sq = torch.zeros(shard), torch.zeros(shard)
+
+    def step(self):
+        self.steps += 1
+        dist.all_reduce(torch.zeros(1))
+        model = S.make_model(self.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=S.LR, betas=S.BETAS, eps=S.EPS, weight_decay=S.WEIGHT_DECAY)
+        for step in range(self.steps):
+            S.loss_fn(model, *S.global_batch(self.seed, step, self.world)).backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            for mine, theirs in zip(self.params, model.parameters()):
+                mine.copy_(theirs)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
+
 VARIANTS = {
     # each rank updates its own shard and never shares it: the other shards stay at their old values
     "ZeRO-1 forgets the all-gather": ("zero1-matches-adamw", {"zero1.py": replace_once(
         "        dist.all_gather_into_tensor(flat, mine.clone())  # every rank gets every updated shard\n", "")}),
     "every rank keeps the full optimizer state": ("zero1-state-sharded", {"zero1.py": FULL_STATE}),
     "ZeRO-1 that copies in the judge's unsharded run": ("zero1-matches-adamw", {"zero1.py": COPIES_THE_REFERENCE}),
+    "ZeRO-1 that replays the unsharded run itself": ("zero1-state-sharded", {"zero1.py": REPLAYS_THE_RUN}),
     "fp32 gradients counted under mixed precision": ("memory-exact", {"memory_model.py": replace_once(
         '"bf16-mixed": (2, 2, 12)', '"bf16-mixed": (2, 4, 12)')}),
     # the blocks run as usual; the checkpoint's result is what is returned, but everything was saved anyway
@@ -117,7 +156,8 @@ VARIANTS = {
 
 
 # what a variant's message must say
-REASON = {"ZeRO-1 that copies in the judge's unsharded run": "cannot import name 'zero_reference'"}
+REASON = {"ZeRO-1 that copies in the judge's unsharded run": "cannot import name 'zero_reference'",
+          "ZeRO-1 that replays the unsharded run itself": "less than twice the parameters'"}
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -125,12 +125,32 @@ def test_zero1_matches_adamw(launches, seed, record):
     record("zero1 launches", len(WORLDS))
 
 
+def require_shards_exchanged(launches, world: int, seed: int, param_bytes: int) -> int:
+    """The mechanism's traffic, which no copy of a finished run can stand in for: a ZeRO-1 step reduces every
+    gradient (a buffer the size of the parameters: an all-reduce's tensor, a reduce-scatter's input, or the
+    per-shard reduces summed) and gathers every updated shard into every rank (the parameters' size again: an
+    all-gather's output, or the shards' broadcasts summed). Counted by the course's probe, as each call's
+    largest tensor, in every timed step of every rank."""
+    moved = step_figures(launches, "zero1", world, seed)["bytes"]
+    if moved < 2 * param_bytes:
+        raise LabCheckFailed(
+            f"the ZeRO-1 steps of world {world} moved {moved:,} B per step through collectives (the course's count: "
+            f"each call's largest tensor; seed {seed}), less than twice the parameters' {param_bytes:,} B. Each step "
+            "reduces every gradient (the parameters' size) and all-gathers every updated shard into every rank (the "
+            "parameters' size again); a rank that gets its parameters any other way did not shard the update")
+    return moved
+
+
 @pytest.mark.check("zero1-state-sharded")
 def test_zero1_state_sharded(launches, seed, record):
-    full = S.unsharded_state_bytes(S.make_model(seed))
+    model = S.make_model(seed)
+    full = S.unsharded_state_bytes(model)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for world in WORLDS:
         most = require_zero1_state(launches, world, seed, full)
         record(f"optimizer state bytes per rank, world {world}", most, unit="B", bytes=most)
+        moved = require_shards_exchanged(launches, world, seed, param_bytes)
+        record(f"zero1 collective bytes per step, world {world}", moved, unit="B", bytes=moved)
     record("unsharded optimizer state bytes", full, unit="B", bytes=full)
 
 
