@@ -28,7 +28,10 @@ from week15_judging import GPU_CHECKPOINT, SMALL_CHECKPOINT, check_device_memory
 # (batch, prompt length) pairs: on a CPU an L of three (two lengths at batch 1, two batches at the short length:
 # each timing costs the harness ~0.9 s of fixed work here), on a GPU the full grid
 CPU_PLAN = {"cells": ((1, 8), (1, 24), (3, 8)), "new": 6, "tol": 1e-4, "budget_s": 0.05}
-GPU_PLAN = {"cells": ((1, 128), (1, 1024), (16, 128), (16, 1024)), "new": 16, "tol": 8e-2, "budget_s": 0.3}
+# bf16 on the GPU: the cached decode and the judge's one forward over the whole text round differently (logits
+# below 8, an ulp 0.03); the reference's batch of 16 x 1024 tokens took a token 0.094 below the best on an H100
+# (2026-12-07), so 0.25 as week 18's serving check; a wrong cache misses by whole logits
+GPU_PLAN = {"cells": ((1, 128), (1, 1024), (16, 128), (16, 1024)), "new": 16, "tol": 0.25, "budget_s": 0.3}
 
 
 def serve(kv, learner, sizes: dict, seed: int, dtype: str, device: str):
