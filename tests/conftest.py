@@ -49,13 +49,86 @@ def pytest_configure(config):
     judges.keep_warm()
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering (by higher-scoped fixtures)
 def pytest_collection_modifyitems(items):
     """A test that calls labproof.assert_variant_fails proves one known-wrong variant of a lab: marked
-    `variant`, so `-m "not variant"` (README's quick tier) leaves these grades, two thirds of the suite's, to CI."""
+    `variant`, so `-m "not variant"` (README's quick tier) leaves these grades, two thirds of the suite's, to CI.
+    Under pytest-xdist the tests are then handed out in the order of spread_waiting_tests."""
     for item in items:
         function = getattr(item, "function", None)
         if function is not None and "assert_variant_fails" in function.__code__.co_names:
             item.add_marker("variant")
+    if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("INFRACOURSE_TESTS_IN_FILE_ORDER"):
+        items[:] = spread_waiting_tests(items)
+
+
+# The test modules whose tests mostly wait: each grade serves the learner's server and loads it at fixed rates for
+# fixed windows, kills and restarts it, or waits out a limit. On 2 cores with 3 workers one of these tests uses about
+# a fifth of a core (cgroup CPU over the wall time of the 2026-12-07 full run: weeks 17, 19, 20, 21 and the
+# platform track 0.17-0.32, test_resource_limits 0.12, test_launch_hang 0.11), the others two thirds (week 11 0.66,
+# weeks 15, 16 and 18 0.65-0.71). In file order they came last, all together: the last 9 minutes of a 26-minute run
+# kept the cores about 40 % busy.
+WAITING_MODULES = {"test_week17.py", "test_week19.py", "test_week20.py", "test_week21.py", "test_track_platform.py",
+                   "test_resource_limits.py", "test_launch_hang.py"}
+# Seconds per test of the last full run (benchmarks/durations_log.py's first and third columns, tests of 1 s or more;
+# `awk -F'\t' '$3 >= 1 {print $1 "\t" $3}' run.tsv`): out of date it packs less well, never wrongly.
+DURATIONS = Path(__file__).with_name("durations.tsv")
+UNLISTED_S = 0.1  # a test the file does not list (most take well under a second)
+
+
+def spread_waiting_tests(items: list) -> list:
+    """xdist (--dist loadgroup) hands the tests out in this order, each worker taking the next when it has two or
+    fewer left. The tests of WAITING_MODULES, longest first, are spread among the others in proportion to their
+    seconds (DURATIONS), so about one worker waits on a server while two keep the cores busy, and the run's end is
+    the shortest tests, not a long wait. The others keep file order; a module with fixtures of module or class
+    scope stays in one piece (torn apart, a worker would set its fixtures up again after each waiting test)."""
+    seconds = _durations()
+
+    def weight(item) -> float:
+        return seconds.get(item.nodeid, UNLISTED_S)
+
+    waiting = sorted((i for i in items if i.path.name in WAITING_MODULES), key=weight, reverse=True)  # stable
+    stateful = {i.path for i in items if _module_state(i)}
+    blocks: list[list] = []
+    for item in items:
+        if item.path.name in WAITING_MODULES:
+            continue
+        if blocks and blocks[-1][-1].path == item.path and item.path in stateful:
+            blocks[-1].append(item)
+        else:
+            blocks.append([item])
+    total_waiting = sum(map(weight, waiting)) or 1.0
+    total_others = sum(weight(i) for block in blocks for i in block) or 1.0
+    order, done_waiting, done_others, next_waiting = [], 0.0, 0.0, iter(waiting)
+    pending = next(next_waiting, None)
+    for block in blocks:
+        while pending is not None and done_waiting / total_waiting <= done_others / total_others:
+            order.append(pending)
+            done_waiting += weight(pending)
+            pending = next(next_waiting, None)
+        order.extend(block)
+        done_others += sum(map(weight, block))
+    if pending is not None:
+        order.append(pending)
+    order.extend(next_waiting)
+    assert len(order) == len(items)
+    return order
+
+
+def _durations() -> dict[str, float]:
+    try:
+        lines = DURATIONS.read_text().splitlines()
+    except OSError:
+        return {}
+    return {nodeid: float(seconds) for nodeid, seconds in (line.split("\t") for line in lines if line)}
+
+
+def _module_state(item) -> bool:
+    """Whether `item` uses a fixture of module, class or package scope (kept between its module's tests)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return True
+    return any(defs and defs[-1].scope in ("module", "class", "package") for defs in info.name2fixturedefs.values())
 
 
 def pytest_unconfigure(config):
