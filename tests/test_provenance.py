@@ -346,8 +346,8 @@ def test_week07_forged_records_fail_kernel_did_work_and_the_reference_passes(gra
     # torch's answers are right, but every check resting on a watched call reads the same files first
     assert {checks[c].status for c in ("add-correct", "reduce-correct", "masks")} == {"failed"}
     assert not result.complete
-    _, reference = grade_lab("week07")
-    assert reference["kernel-did-work"].status == "passed", reference["kernel-did-work"].message
+    _, reference = grade_lab("week07", checks=["kernel-did-work"])  # that check (and what it requires) alone:
+    assert reference["kernel-did-work"].status == "passed", reference["kernel-did-work"].message  # test_week07 grades all
 
 
 def test_a_watched_call_fails_on_the_files_an_unwatched_one_runs(tmp_path):
