@@ -29,8 +29,19 @@ def fresh_capacity(gateway: str | None = None) -> dict:
     sweep.py serving `gateway`, the solution's by default) and submit that capacity.json, its claim in report.md.
     The shipped capacity.json was swept at another load: its claim is the highest rate of that load only (the
     service's steps take longer on a busier CPU), and a lighter load holds the SLO at 1.15x it. The sweep starts
-    at 80 % of the shipped claim, so it runs a handful of points, not the two minutes of a sweep from 4/s."""
+    at 90 % of the shipped claim, so it runs three or four points (about 11 s each), not the two minutes of a sweep
+    from 4/s; where even that first point misses (a busier CPU than the shipped sweep's), it sweeps again from
+    70 %. Either way it steps 5 % at a time up to its first miss, as the learner's does."""
     shipped = json.loads((SOLUTION / "capacity.json").read_text())["interactive_capacity_requests_per_s"]
+    try:
+        return _swept(shipped, 0.9, gateway)
+    except subprocess.CalledProcessError as exc:
+        if "no rate held the SLO" not in exc.stderr:
+            raise
+        return _swept(shipped, 0.7, gateway)
+
+
+def _swept(shipped: float, start: float, gateway: str | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="platform-sweep-"))
     try:
         for path in SOLUTION.iterdir():
@@ -41,9 +52,9 @@ def fresh_capacity(gateway: str | None = None) -> dict:
         sweep = (work / "sweep.py").read_text()
         assert sweep.count("START_RATE, STEP = 4.0, 1.05") == 1, "the solution's sweep.py changed: update this helper"
         (work / "sweep.py").write_text(sweep.replace("START_RATE, STEP = 4.0, 1.05",
-                                                     f"START_RATE, STEP = {0.8 * shipped:.4f}, 1.05"))
+                                                     f"START_RATE, STEP = {start * shipped:.4f}, 1.05"))
         subprocess.run([sys.executable, "sweep.py"], cwd=work, env=dict(os.environ), check=True,
-                       capture_output=True, timeout=300)
+                       capture_output=True, text=True, timeout=300)
         capacity = (work / "capacity.json").read_text()
     finally:
         shutil.rmtree(work, ignore_errors=True)
