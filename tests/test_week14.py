@@ -28,8 +28,10 @@ def test_starter_fails_and_says_what_to_do(grade_lab):
     for check in ("tp-forward", "pipeline-bubble", "pipeline-gpipe", "pipeline-two-stage", "moe-combine",
                   "recovery-params", "report"):
         assert checks[check].status == "failed", (check, checks[check].status, checks[check].message)
-    assert "not written" in checks["tp-forward"].message
-    assert "not written" in checks["recovery-resume"].message
+    # the whole message on a failure: once in ten loaded runs rank 0 exited 1 before recording the starter's
+    # NotImplementedError, and pytest's shortened repr hid why
+    assert "not written" in checks["tp-forward"].message, checks["tp-forward"].message
+    assert "not written" in checks["recovery-resume"].message, checks["recovery-resume"].message
     assert "in your own words" in checks["report"].message
 
 
