@@ -22,6 +22,7 @@ def learner_module(learner, name: str):
                                "device (device_run, Perturbation)")
     return learner.module(name)
 
+
 def read_raw(learner, name: str) -> dict:
     """raw/<name> from the learner's folder, as a JSON object; fails saying how to produce it."""
     path = learner.path(f"raw/{name}")

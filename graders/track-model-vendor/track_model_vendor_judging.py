@@ -99,12 +99,12 @@ def learner_placement(learner, load: list[int], world: int) -> tuple[list | None
     return placement, None
 
 
-
 def all_to_all_bytes(tokens: int, hidden: int, top_k: int, world: int, dtype_bytes: int) -> float:
     """The estimate's reference formula, judge side only (in kit.moe, mounted, an estimates.py returning it passed
     all-to-all-bytes): bytes one rank sends to OTHER ranks in one forward (dispatch + combine), no drops, each
     assignment equally likely to land on any rank: 2 * tokens * k * hidden * dtype_bytes * (world - 1) / world."""
     return 2 * tokens * top_k * hidden * dtype_bytes * (world - 1) / world
+
 
 def skewed_load(seed: int, world: int = kit.WORLD) -> list[int]:
     ref = kit.dense_moe(kit.case(seed, "skewed", world=world), kit.TOP_K, None)

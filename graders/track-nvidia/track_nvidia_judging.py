@@ -16,7 +16,6 @@ from infracourse.kit.probes import ForwardBackward
 EPS = hotspot.EPS
 
 
-
 def model_flops_per_step(cfg: GPTConfig, tokens: int) -> int:
     """The reference formula of the MFU estimate, judge side only (in kit.hotspot, mounted for run.py, an
     estimates.py returning it passed mfu-estimate): FLOPs of one training step (forward + backward = 3 x forward)
@@ -29,6 +28,7 @@ def model_flops_per_step(cfg: GPTConfig, tokens: int) -> int:
     weights = L * (C * (C + 2 * kv) + C * C + 2 * cfg.mlp_ratio * C * C) + C * cfg.vocab_size
     attention = L * 4 * T * C
     return 3 * tokens * (2 * weights + attention)
+
 
 def norm_spec(rows: int, cols: int, dtype: torch.dtype, device: str, seed: int):
     """(x, weight = 1 + 0.5 randn, dy) of one norm call, built alike by the judge and the worker."""
