@@ -134,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_file and not files:
         print("--per-file needs test files in the selection", file=sys.stderr)
         return 2
-    targets = files if args.per_file else [None]
+    # one pytest per file: the node ids of one file (tests/test_week13.py::test_x[...]) run together, and so
+    # write one XML (a pytest per node id wrote them all to the same file name)
+    by_file: dict[str, list[str]] = {}
+    for selected in files:
+        by_file.setdefault(selected.split("::")[0], []).append(selected)
+    targets = list(by_file) if args.per_file else [None]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="repeat-proofs-") as scratch_name:
         out = args.out or Path(scratch_name)
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             slot = slots.get()
             try:
                 cores = sorted(os.sched_getaffinity(0))[slot * args.pin:(slot + 1) * args.pin] if args.pin else None
-                arguments = selection if target is None else [*options, target]
+                arguments = selection if target is None else [*options, *by_file[target]]
                 run_once(out / xml_name(run, target), arguments, Path(scratch_name) / f"tmp-{run}-{slot}",
                          cores=cores, workers=args.workers)
             finally:
