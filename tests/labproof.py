@@ -24,14 +24,22 @@ def not_passed(checks: dict) -> dict:
     return {k: (c.status, c.message) for k, c in checks.items() if c.status not in ("passed", "blocked")}
 
 
-def assert_variant_fails(grade_lab, week: str, check_id: str, edits: dict, track: str | None = None):
-    """The variant fails `check_id` (returned, for its message). Only that check and what it requires are graded
-    (as `infracourse grade --check`), so its verdict is a whole grade's in a fraction of the time; the
-    solution's proof grades the whole week."""
-    result, checks = grade_lab(week, edits=edits, track=track, checks=[check_id])
-    assert checks[check_id].status == "failed", (checks[check_id].status, checks[check_id].message)
+def assert_variant_fails(grade_lab, week: str, check_id: str | tuple[str, ...], edits: dict, track: str | None = None,
+                         only: bool = False):
+    """The variant fails `check_id` (or each of a tuple of them; the first is returned, for its message). Only
+    those checks and what they require are graded (as `infracourse grade --check`), so its verdict is a whole
+    grade's in a fraction of the time; the solution's proof grades the whole week. `only`: every other check of
+    that partial grade (what the targets require) passed or was blocked, so the variant breaks what it is aimed
+    at and nothing upstream of it."""
+    targets = (check_id,) if isinstance(check_id, str) else tuple(check_id)
+    result, checks = grade_lab(week, edits=edits, track=track, checks=list(targets))
+    for target in targets:
+        assert checks[target].status == "failed", (target, checks[target].status, checks[target].message)
+    if only:
+        others = {k: v for k, v in not_passed(checks).items() if k not in targets}
+        assert not others, others
     assert not result.complete
-    return checks[check_id]
+    return checks[targets[0]]
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,6 +1,5 @@
 """Week 19 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check (and only it, with the report when the check measures a
-report figure), and honest solutions in other styles pass: tests/fixtures/week19-honest (a generator loader
+wrong variant the issue names fails its own check (and only it, of the checks it requires), and honest solutions in other styles pass: tests/fixtures/week19-honest (a generator loader
 whose position is (shard, offset), contiguous shard blocks per stream, read-ahead of shards on a thread pool
 instead of a batch queue, a cache named by shard that re-checks its copy) and tests/fixtures/week19-b-honest
 (a class-based iterator with __next__, streams numbered worker-major, a Condition-guarded deque as the
@@ -21,7 +20,6 @@ pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTION = Path(__file__).parent.parent / "labs" / "week19-data-pipeline" / "solution"
-FIGURE_CHECKS = {"prefetch-hides-latency", "cache-hits"}  # they measure figures the report is compared with
 
 
 def test_solution_passes_every_check_this_machine_can_run(grade_lab, machine):
@@ -84,13 +82,11 @@ VARIANTS = {
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_its_check_and_only_it(grade_lab, name):
+    """Graded on its check and what that check requires, every one of which but the target passes. A whole grade
+    also measured the report's figures: on a slow, loaded machine (2026-12-07) the report's prefetch wait failed
+    beside the variant's real fault, a verdict about the machine, not the variant."""
     check_id, edits = VARIANTS[name]
-    result, checks = grade_lab("week19", edits=edits)
-    failed = {c.id for c in checks.values() if c.status != "passed"}
-    expected = {check_id} | ({"report"} if check_id in FIGURE_CHECKS else set())
-    assert failed == expected, {c: (checks[c].status, checks[c].message) for c in failed | expected}
-    assert checks[check_id].status == "failed"
-    assert not result.complete
+    assert_variant_fails(grade_lab, "week19", check_id, edits, only=True)
 
 
 def test_report_in_other_words_passes(grade_lab):

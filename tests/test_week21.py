@@ -188,9 +188,11 @@ def test_diagnosis_scrape_reads_a_slow_answer_as_up_and_a_gone_process_as_down(m
         assert out[0]["waiting"] == 110, out[0]
 
 
-def _capacity_grade(monkeypatch, claimed: float, good_fraction: float, tpot_ms: float):
+def _capacity_grade(monkeypatch, claimed: float, good_fraction: float, tpot_ms: float, tpot_p99_ms: float | None = None,
+                    learner=None):
     """test_capacity_reproduced on a grade whose 0.9x rerun met the SLO for `good_fraction` of its requests while
-    each token took `tpot_ms` on average (no request's tokens to compare: none succeeded)."""
+    each token took `tpot_ms` on average (`tpot_p99_ms` at P99; no request's tokens to compare: none succeeded).
+    `learner`: whose capacity.json the check reads once the rerun held."""
     import importlib.util
 
     from infracourse.grading.serving import Phase
@@ -200,12 +202,16 @@ def _capacity_grade(monkeypatch, claimed: float, good_fraction: float, tpot_ms: 
                                                   "test_capacity.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
-    stats = {"mean": tpot_ms, "median": tpot_ms, "p99": tpot_ms}
+    stats = {"mean": tpot_ms, "median": tpot_ms, "p99": tpot_p99_ms or tpot_ms}
+    duration_s = 96 / (0.9 * claimed)
     run = {"rate": 0.9 * claimed, "n": 96, "good_fraction": good_fraction, "specs": [], "records": [],
-           "metrics": {"failed": 0, "ttft_ms": {"p99": 600.0}, "tpot_ms": stats}}
+           "metrics": {"failed": 0, "completed": 96, "total_output": 96 * 12, "duration_s": duration_s,
+                       "ttft_ms": {"p99": 600.0}, "tpot_ms": stats}}
+    held = good_fraction >= 0.99
     graded = type("Graded", (), {"device": "cpu", "phases": {"capacity": Phase(data={
-        "claimed": claimed, "below": run, "above": {**run, "good_fraction": 0.5}, "below_first": 0.85})}})
-    check.test_capacity_reproduced(graded, None, lambda *a, **k: None, None)
+        "claimed": claimed, "below": run, "above": {**run, "good_fraction": 0.5},
+        "below_first": None if held else 0.85})}})
+    check.test_capacity_reproduced(graded, None, lambda *a, **k: None, learner)
 
 
 @pytest.mark.parametrize("claimed,tpot_ms,busy", [
@@ -227,6 +233,43 @@ def test_capacity_miss_fails_and_names_the_pace_when_the_steps_ran_slow(monkeypa
         assert "above what the platform can serve at all" in str(caught.value)
     else:  # a 0.9x miss is run again before it fails
         assert "(run twice: 85.0% the first time)" in str(caught.value)
+
+
+class _SweptLearner:
+    """A learner whose capacity.json claims 13.4/s: that point held with `tpot_p99_ms`, the next 5 % up missed."""
+
+    def __init__(self, folder: Path, tpot_p99_ms: float):
+        point = {"rate": 13.4, "requests": 107, "failed": 0, "goodput_fraction": 1.0, "ttft_p99_ms": 120.0,
+                 "tpot_p99_ms": tpot_p99_ms, "duration_s": 107 / 13.4 / 0.9}
+        points = [point, {**point, "rate": 14.07, "goodput_fraction": 0.9}]
+        (folder / "capacity.json").write_text(json.dumps({"capacity_requests_per_s": 13.4, "points": points}))
+        self.folder = folder
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+
+@pytest.mark.parametrize("sweep_p99,rerun_mean,rerun_p99,passes", [
+    (26.6, 25.2, 27.0, True),    # both at the floor
+    (26.6, 31.0, 45.6, True),    # 2026-12-07: the handout's idle sweep against a rerun on a slow, loaded machine
+    (26.6, 25.2, 45.6, False),   # the rerun kept the floor's pace, yet its tail is 1.7x the sweep's: not its run
+    (15.0, 31.0, 45.6, False),   # under the 25 ms step floor: no rerun, however slow, excuses it
+    (80.0, 25.2, 27.0, False),   # a sweep far slower than the rerun (another platform's figures)
+    (20.0, 28.0, 27.0, False),   # within 1.5x of the rerun, but under the floor
+])
+def test_sweep_tail_per_token_time_against_the_rerun(monkeypatch, tmp_path, sweep_p99, rerun_mean, rerun_p99, passes):
+    """The sweep's P99 time per token is held within 1.5x of the judge's 0.9x rerun, except where the rerun's steps
+    ran slow (a busy machine: its mean over the floor) and the sweep's is the faster one, above the floor: the
+    handout solution's honest sweep failed so on a slow machine with the full suite beside it."""
+    from infracourse.failures import LabCheckFailed
+
+    learner = _SweptLearner(tmp_path, sweep_p99)
+    if passes:
+        _capacity_grade(monkeypatch, 13.4, 1.0, rerun_mean, rerun_p99, learner=learner)
+        return
+    with pytest.raises(LabCheckFailed) as caught:
+        _capacity_grade(monkeypatch, 13.4, 1.0, rerun_mean, rerun_p99, learner=learner)
+    assert "tpot p99" in str(caught.value), str(caught.value)
 
 
 def test_restart_at_rest_counts_cpu_seconds_not_the_wait(monkeypatch):
