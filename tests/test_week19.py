@@ -1,5 +1,6 @@
 """Week 19 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check (and only it, of the checks it requires), and honest solutions in other styles pass: tests/fixtures/week19-honest (a generator loader
+wrong variant the issue names fails its own check (and only it, of the checks it requires), and honest
+solutions in other styles pass: tests/fixtures/week19-honest (a generator loader
 whose position is (shard, offset), contiguous shard blocks per stream, read-ahead of shards on a thread pool
 instead of a batch queue, a cache named by shard that re-checks its copy) and tests/fixtures/week19-b-honest
 (a class-based iterator with __next__, streams numbered worker-major, a Condition-guarded deque as the

@@ -1,5 +1,6 @@
 """Week 20 proves its grader: the solution passes, the starter fails every check saying what to write, each
-wrong variant the issue names fails its own check (and only it, of the checks it requires), and honest solutions in other styles pass:
+wrong variant the issue names fails its own check (and only it, of the checks it requires), and honest
+solutions in other styles pass:
 tests/fixtures/week20-honest (a GCRA limiter, an asyncio.Queue drained by worker tasks, a middleware that
 logs and counts every answer) and tests/fixtures/week20-b-honest (a token bucket in exact Fraction arithmetic
 with LRU-forgotten idle clients, the thread pool's own work queue behind a lock-guarded gate, the deadline as a
@@ -87,8 +88,8 @@ VARIANTS = {
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wrong_variant_fails_exactly_its_check(grade_lab, name):
-    """Graded on its checks and what they require (one service start, not a whole week's two), every one of which
-    but the targets passes or, like image-build without a container engine, is blocked."""
+    """Graded on its checks and what they require, every one of which but the targets passes or, like
+    image-build without a container engine, is blocked."""
     check_ids, edits = VARIANTS[name]
     assert_variant_fails(grade_lab, "week20", check_ids, edits, only=True)
 
