@@ -123,3 +123,28 @@ def test_honest_gateway_in_another_style_passes(grade_lab, machine):
     honest = (HONEST / "gateway.py").read_text()
     assert_solution_passes(grade_lab, machine, "week24", track=TRACK,
                            edits={"gateway.py": honest, **fresh_capacity(honest)})
+
+
+def _claim(factor: float):
+    """capacity.json with its claim scaled by `factor` (the sweep's points kept): an extrapolated or timid claim."""
+    def edit(text: str) -> str:
+        data = json.loads(text)
+        data["interactive_capacity_requests_per_s"] *= factor
+        return json.dumps(data, indent=1)
+    return edit
+
+
+@pytest.mark.variant
+def test_a_claim_far_above_the_ceiling_fails_in_both_reruns(grade_lab):
+    """Twice the shipped claim: the 0.9x rerun (1.8x what any sweep here held) misses the SLO, and so does its
+    second run on other arrivals: the rerun that forgives a loaded machine's one miss never passes a false claim."""
+    check = assert_variant_fails(grade_lab, "week24", "capacity-reproduced", {"capacity.json": _claim(2.0)},
+                                 track=TRACK, only=True)
+    assert "run twice" in check.message and "met TTFT" in check.message, check.message
+
+
+@pytest.mark.variant
+def test_a_timid_claim_that_holds_at_1_15x_fails(grade_lab):
+    check = assert_variant_fails(grade_lab, "week24", "capacity-reproduced", {"capacity.json": _claim(0.5)},
+                                 track=TRACK, only=True)
+    assert "not the highest rate" in check.message, check.message

@@ -18,13 +18,14 @@ ESTIMATE_FACTOR = 1.5
 def test_capacity_reproduced(capacity, record):
     c = capacity.get()
     claimed, below, above = c["claimed"], c["below"], c["above"]
+    twice = "" if c.get("below_first") is None else f" (run twice: {c['below_first']:.1%} the first time)"
     m = below["metrics"]
     if below["good_fraction"] < ps.CAPACITY_GOODPUT_FRACTION:
         raise LabCheckFailed(
             f"capacity.json claims {claimed:.3g} interactive requests/s; the judge ran {below['n']} at "
             f"{CAPACITY_BELOW:g}x that ({below['rate']:.3g}/s, gamma arrivals, burstiness "
             f"{ps.CAPACITY_BURSTINESS:g}) beside a batch flood of {CAPACITY_FLOOD_RATE:g}/s and only "
-            f"{below['good_fraction']:.1%} met {SLO} ({m['failed']} failed, P99 TTFT {m['ttft_ms']['p99']:.0f} ms), "
+            f"{below['good_fraction']:.1%} met {SLO}{twice} ({m['failed']} failed, P99 TTFT {m['ttft_ms']['p99']:.0f} ms), "
             f"{ps.CAPACITY_GOODPUT_FRACTION:.0%} needed. Report the highest rate your sweep measured holding the SLO "
             "with batch saturated, not an extrapolation")
     if above["good_fraction"] >= ps.CAPACITY_GOODPUT_FRACTION:

@@ -230,11 +230,18 @@ def capacity_run(server: serving.Server, rate: float, seed: int) -> dict:
 
 
 def phase_capacity(server: serving.Server, seed: int, claimed: float) -> dict:
+    """The claim rerun at 0.9x (it must hold) and 1.15x (it must break). A 0.9x run that misses is run once more
+    on other arrivals and the second stands, as week 21's is: on a loaded machine an honest gateway's 0.9x run
+    can miss once (90.9 % within the SLO in one full-suite grade on 2 cores), while a claim above what the
+    platform holds misses in both."""
     below = capacity_run(server, CAPACITY_BELOW * claimed, seed + 21)
+    first = None
+    if below["good_fraction"] < ps.CAPACITY_GOODPUT_FRACTION:
+        first, below = below["good_fraction"], capacity_run(server, CAPACITY_BELOW * claimed, seed + 23)
     status, state = asyncio.run(ps.probe(service_uds(server), "/debug/state"))  # the engine's own step clock
     step_ms = (1000 * state["step_seconds_total"] / state["steps_total"]
                if status == 200 and isinstance(state, dict) and state.get("steps_total") else None)
-    return {"claimed": claimed, "below": below, "step_ms": step_ms,
+    return {"claimed": claimed, "below": below, "step_ms": step_ms, "below_first": first,
             "above": capacity_run(server, CAPACITY_ABOVE * claimed, seed + 22)}
 
 
